@@ -1,0 +1,73 @@
+"""Timing one callable: medians after warm-up, L2 flushed between repeats, CUDA events on GPU."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Dict, List
+
+import torch
+
+_L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H200: 60 MB)
+
+
+def _quantiles(times_ms: List[float]) -> Dict[str, float]:
+    ordered = sorted(times_ms)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"median_ms": statistics.median(ordered), "p20_ms": at(0.2), "p80_ms": at(0.8)}
+
+
+def _time_cuda(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep: int,
+               flush_l2: bool) -> List[float]:
+    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda") if flush_l2 else None
+    fn()
+    torch.cuda.synchronize()
+    probe_start, probe_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    probe_start.record()
+    for _ in range(3):
+        fn()
+    probe_end.record()
+    torch.cuda.synchronize()
+    per_call = max(probe_start.elapsed_time(probe_end) / 3, 1e-3)
+    for _ in range(max(1, int(warmup_ms / per_call))):
+        fn()
+    reps = max(min_rep, int(rep_ms / per_call))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        if flush is not None:
+            flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def _time_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep: int) -> List[float]:
+    fn()
+    start = time.perf_counter()
+    fn()
+    per_call = max((time.perf_counter() - start) * 1e3, 1e-3)
+    for _ in range(min(10, int(warmup_ms / per_call))):
+        fn()
+    times = []
+    for _ in range(max(min_rep, min(200, int(rep_ms / per_call)))):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def benchmark(fn: Callable[[], object], device: torch.device | str, warmup_ms: float = 25.0,
+              rep_ms: float = 100.0, min_rep: int = 5, flush_l2: bool = True) -> Dict[str, float]:
+    """Time `fn()` on `device`; returns {"median_ms", "p20_ms", "p80_ms"} in milliseconds.
+
+    On CUDA each repeat is bracketed by CUDA events and preceded by a write of 256 MB, so no
+    repeat finds its data in L2. On CPU, wall-clock time per call.
+    """
+    if torch.device(device).type == "cuda":
+        return _quantiles(_time_cuda(fn, warmup_ms, rep_ms, min_rep, flush_l2))
+    return _quantiles(_time_cpu(fn, warmup_ms, rep_ms, min_rep))

@@ -1,0 +1,150 @@
+"""`sparsecnn` command line: layers, backends, bench layers/model, report, demo."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+DTYPES = ("fp32", "tf32", "fp16", "bf16")
+
+
+def _cmd_layers(args) -> None:
+    from .layers import get_suite
+
+    print("| layer | N | C | K | H | W | R | S | stride | padding | P | Q | GFLOP |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for s in get_suite(args.suite, args.batch):
+        print(f"| {s.name} | {s.N} | {s.C} | {s.K} | {s.H} | {s.W} | {s.R} | {s.S} | {s.stride[0]} | "
+              f"{s.padding[0]} | {s.P} | {s.Q} | {s.dense_flops / 1e9:.3f} |")
+
+
+def _cmd_backends(args) -> None:
+    from .backends import backend_names, get_backend
+
+    for name in backend_names():
+        backend = get_backend(name)
+        support = "; ".join(f"{dev}: {', '.join(str(d).replace('torch.', '') for d in dts)}"
+                            for dev, dts in backend.dtypes.items())
+        print(f"{name:18s} {backend.description}  [{support}]")
+
+
+def _device(args) -> str:
+    import torch
+
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _cmd_bench_layers(args) -> None:
+    from .bench import bench_layers, markdown_table, write_jsonl
+    from .layers import get_suite
+
+    rows = bench_layers(get_suite(args.suite, args.batch), suite=args.suite, sparsity=args.sparsity,
+                        pattern=args.pattern, dtype=args.dtype, backends=_split(args.backends),
+                        device=_device(args), seed=args.seed, all_configs=args.all_configs)
+    write_jsonl(rows, args.out)
+    print(markdown_table(rows))
+    print(f"\n{len(rows)} rows appended to {args.out}")
+
+
+def _cmd_bench_model(args) -> None:
+    from .bench import bench_model, markdown_table, write_jsonl
+
+    rows = bench_model(args.name, batch=args.batch, dtype=args.dtype, sparsity=args.sparsity,
+                       pattern=args.pattern, backend=args.backend, device=_device(args),
+                       modes=tuple(_split(args.modes)), seed=args.seed, checkpoint=args.checkpoint)
+    write_jsonl(rows, args.out)
+    print(markdown_table(rows))
+    print(f"\n{len(rows)} rows appended to {args.out}")
+
+
+def _cmd_report(args) -> None:
+    from .bench import markdown_table, plot_speedups, read_jsonl, render_report
+
+    rows = read_jsonl(args.results)
+    if args.md:
+        render_report(rows, args.md, args.plot_dir)
+        print(f"report written to {args.md}")
+    else:
+        print(markdown_table(rows))
+    if args.plot:
+        plot_speedups(rows, args.plot)
+        print(f"plot written to {args.plot}")
+
+
+def _cmd_demo(args) -> None:
+    from .demo import run_demo
+
+    run_demo(args.model, args.sparsity, args.batch, args.device)
+
+
+def _split(text: str) -> List[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _add_common(parser, batch_default: Optional[int]) -> None:
+    parser.add_argument("--batch", type=int, default=batch_default, help="batch size N")
+    parser.add_argument("--sparsity", type=float, default=0.9, help="fraction of zero weights, 0..1")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="fp32 means TF32 off")
+    parser.add_argument("--pattern", default="random",
+                        help="random, dlmc-<method> (e.g. dlmc-magnitude_pruning; resnet50 layers)")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="results.jsonl", help="JSON-lines file to append rows to")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparsecnn", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    layers = commands.add_parser("layers", help="print a layer suite")
+    layers.add_argument("--suite", required=True)
+    layers.add_argument("--batch", type=int, default=None, help="batch size (default: the paper's)")
+    layers.set_defaults(run=_cmd_layers)
+
+    commands.add_parser("backends", help="list registered backends").set_defaults(run=_cmd_backends)
+
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="target", required=True)
+    bench_layers = bench.add_parser("layers", help="per-layer timings against cuDNN in the same run")
+    bench_layers.add_argument("--suite", required=True)
+    bench_layers.add_argument("--backends", default="im2col-cublas,im2col-cusparse",
+                              help="comma-separated backend names (cuDNN baselines always run)")
+    bench_layers.add_argument("--all-configs", action="store_true", help="time every candidate config")
+    _add_common(bench_layers, None)
+    bench_layers.set_defaults(run=_cmd_bench_layers)
+
+    bench_model = bench.add_parser("model", help="end-to-end model timing (eager, CUDA graphs)")
+    bench_model.add_argument("name")
+    bench_model.add_argument("--backend", default="auto")
+    bench_model.add_argument("--modes", default="eager,cudagraph")
+    bench_model.add_argument("--checkpoint", default=None, help="state_dict with pruned weights")
+    _add_common(bench_model, 32)
+    bench_model.set_defaults(run=_cmd_bench_model)
+
+    report = commands.add_parser("report", help="tables and plots from a results file")
+    report.add_argument("results")
+    report.add_argument("--plot", default=None, help="PNG path for the speedup plot")
+    report.add_argument("--md", default=None, help="write a markdown page (with plots) here")
+    report.add_argument("--plot-dir", default=".", help="where the markdown page's plots go")
+    report.set_defaults(run=_cmd_report)
+
+    demo = commands.add_parser("demo", help="prune, sparsify, verify and time a model")
+    demo.add_argument("--model", default="resnet18-cifar")
+    demo.add_argument("--sparsity", type=float, default=0.9)
+    demo.add_argument("--batch", type=int, default=None)
+    demo.add_argument("--device", default=None)
+    demo.set_defaults(run=_cmd_demo)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        print(f"sparsecnn: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

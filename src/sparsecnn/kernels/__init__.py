@@ -1,0 +1,1 @@
+"""Compute kernels: the fp64-capable reference, Triton kernels (`triton/`), generated CUDA (`codegen/`)."""
