@@ -152,3 +152,45 @@ def test_import_does_not_initialise_cuda():
 
     code = "import sparsecnn, sparsecnn.bench, sparsecnn.cli, torch; assert not torch.cuda.is_initialized()"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sparsify_accepts_a_model_pruned_with_torch_prune():
+    from torch.nn.utils import prune
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    for conv in (model[0], model[2]):
+        prune.l1_unstructured(conv, "weight", amount=0.8)
+    x = torch.randn(2, 3, 13, 13)
+    ref = model(x)
+    masks = [model[0].weight_mask.bool(), model[2].weight_mask.bool()]
+    sparsify_(model, backend="im2col-cusparse")
+    assert torch.equal(model[0].mask, masks[0]) and torch.equal(model[2].mask, masks[1])
+    assert relative_error(model(x), ref) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BASELINES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_baselines_on_cuda_match_reference(backend, dtype, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    conv = _conv(kernel=3, stride=2, padding=1).cuda()
+    x = torch.randn(3, 3, 13, 13, device="cuda")
+    ref = reference_conv(x, conv.weight, conv.bias, stride=2, padding=1, fp64=True)
+    layer = SparseConv2d.from_dense(conv, backend).to(dtype)
+    out = layer(x.to(dtype))
+    cudnn_err = relative_error(nn.functional.conv2d(x.to(dtype), conv.weight.to(dtype), conv.bias.to(dtype), 2, 1), ref)
+    limit = 1e-5 if dtype == torch.float32 else 2 * cudnn_err + 1e-4
+    assert out.dtype == dtype and relative_error(out, ref) < limit
+
+
+@pytest.mark.gpu
+def test_sparsify_auto_on_cuda_matches_dense():
+    model = build_model("resnet18-cifar").eval().cuda()
+    prune_magnitude_(model, 0.9)
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double()(x.double())
+        sparse = sparsify_(model, x)
+        assert relative_error(sparse(x), ref) < 1e-5
+    assert all(m.timings for m in sparse.modules() if isinstance(m, SparseConv2d))

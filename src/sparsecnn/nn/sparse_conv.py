@@ -63,9 +63,15 @@ class SparseConv2d(nn.Module):
     @classmethod
     def from_dense(cls, conv: nn.Module, backend: str = "dense", mask: Optional[torch.Tensor] = None,
                    config: Any = None) -> "SparseConv2d":
-        """Wrap an `nn.Conv2d` or `nn.Conv1d` (its zeros are the pruned weights unless `mask` is given)."""
+        """Wrap an `nn.Conv2d` or `nn.Conv1d`.
+
+        The mask is `mask` if given, else the `weight_mask` left by `torch.nn.utils.prune`, else the
+        weight's non-zeros.
+        """
         if not isinstance(conv, (nn.Conv1d, nn.Conv2d)):
             raise TypeError(f"conv must be nn.Conv1d or nn.Conv2d, got {type(conv).__name__}")
+        if mask is None and hasattr(conv, "weight_mask"):
+            mask = conv.weight_mask.bool()
         if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
             raise ValueError(f"conv padding={conv.padding!r}, padding_mode={conv.padding_mode!r}: "
                              "only integer zero padding is supported")
