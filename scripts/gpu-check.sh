@@ -29,6 +29,11 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     bench --suite pietron-vgg16 --batch 128
     bench --suite optprune-resnet18-cifar --batch 32
     bench --suite resnet50 --batch 32 --pattern dlmc-magnitude_pruning --sparsity 0.9
+    python3 -m sparsecnn.cli bench model resnet18-cifar --batch 32 --out "$RESULTS" >>"$OUT/bench.log" 2>&1 \
+        || echo "FAILED: bench model resnet18-cifar"
+    python3 -m sparsecnn.cli bench model resnet50 --batch 32 --pattern dlmc-magnitude_pruning --out "$RESULTS" \
+        >>"$OUT/bench.log" 2>&1 || echo "FAILED: bench model resnet50"
+    python3 -m sparsecnn.cli demo 2>&1 | tail -n 4
     python3 -m sparsecnn.cli report "$RESULTS" --md "$OUT/report.md" --plot-dir "$OUT" | tail -n 1
     tail -n 60 "$OUT/report.md"
 fi

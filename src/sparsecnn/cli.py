@@ -38,7 +38,14 @@ def _cmd_bench_layers(args) -> None:
     from .bench import bench_layers, markdown_table, write_jsonl
     from .layers import get_suite
 
-    rows = bench_layers(get_suite(args.suite, args.batch), suite=args.suite, sparsity=args.sparsity,
+    specs = get_suite(args.suite, args.batch)
+    if args.layers:
+        wanted = _split(args.layers)
+        unknown = set(wanted) - {spec.name for spec in specs}
+        if unknown:
+            raise ValueError(f"--layers: {', '.join(sorted(unknown))} not in suite {args.suite}")
+        specs = [spec for spec in specs if spec.name in wanted]
+    rows = bench_layers(specs, suite=args.suite, sparsity=args.sparsity,
                         pattern=args.pattern, dtype=args.dtype, backends=_split(args.backends),
                         device=_device(args), seed=args.seed, all_configs=args.all_configs)
     write_jsonl(rows, args.out)
@@ -108,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_layers.add_argument("--suite", required=True)
     bench_layers.add_argument("--backends", default="im2col-cublas,im2col-cusparse",
                               help="comma-separated backend names (cuDNN baselines always run)")
+    bench_layers.add_argument("--layers", default=None, help="comma-separated subset of the suite's layers")
     bench_layers.add_argument("--all-configs", action="store_true", help="time every candidate config")
     _add_common(bench_layers, None)
     bench_layers.set_defaults(run=_cmd_bench_layers)

@@ -1,0 +1,197 @@
+"""Whole-model benchmark: the pruned model run densely by cuDNN, then sparsified, in several modes.
+
+Modes: "eager" (plain calls), "cudagraph" (captured once with `torch.cuda.CUDAGraph` after a warm-up on
+a side stream, timed as `graph.replay()`; CUDA only, skipped with a note elsewhere) and "compile"
+(`torch.compile`). Every row's `rel_err` compares that mode's output with the masked model run in
+float64 on the same input.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..autotune import benchmark
+from ..backends import config_to_dict, get_backend
+from ..kernels.reference import relative_error
+from ..models import build_model, default_input_shape
+from ..nn import SparseConv2d, sparsify_
+from ..prune import apply_dlmc_, masks_from_weights, prune_magnitude_
+from .env import environment, new_run_id
+from .layers import CUDNN, free_memory, precision, round_to
+from .patterns import DLMC_PREFIX
+from .schema import FIELDS, MODES, torch_dtype
+
+_SHAPE_NULLS = dict(suite=None, layer=None, C=None, K=None, H=None, W=None, R=None, S=None,
+                    stride=None, padding=None, floor_ms=None)
+CHECKPOINT_PATTERN = "checkpoint"
+
+
+def _pruned_model(name: str, sparsity: float, pattern: str, seed: int,
+                  checkpoint: Optional[str | os.PathLike]) -> Tuple[nn.Module, str, float]:
+    """(float32 model in eval mode on CPU, pattern label, sparsity to record).
+
+    Random init seeded by `seed`; then the checkpoint's state dict (already pruned: its zeros are the
+    pattern; recorded as pattern "checkpoint" with the measured conv sparsity), or magnitude pruning of
+    each conv to `sparsity` ("random": the init is i.i.d., so the mask is random), or the DLMC masks
+    ("dlmc-<method>", resnet50 only).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(name)
+    if checkpoint is not None:
+        model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+        masks = masks_from_weights(model)
+        kept = sum(int(mask.sum()) for mask in masks.values())
+        total = sum(mask.numel() for mask in masks.values())
+        return model.eval(), CHECKPOINT_PATTERN, round(1 - kept / total, 6)
+    if pattern == "random":
+        prune_magnitude_(model, sparsity, scope="layer")
+    elif pattern.startswith(DLMC_PREFIX):
+        if name != "resnet50":
+            raise ValueError(f"pattern {pattern!r} needs model 'resnet50' (DLMC masks), got {name!r}")
+        apply_dlmc_(model, f"{pattern[len(DLMC_PREFIX):]}-{sparsity:g}", seed)
+    else:
+        raise ValueError(f"unknown pattern {pattern!r}; expected 'random' or 'dlmc-<method>'")
+    return model.eval(), pattern, float(sparsity)
+
+
+def _round_model_(model: nn.Module, dtype: str) -> nn.Module:
+    """Round every float parameter and buffer to dtype's precision, keeping float32."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.is_floating_point():
+                tensor.copy_(round_to(tensor, dtype))
+    return model
+
+
+def _cuda_graph(model: nn.Module, x: torch.Tensor) -> Tuple[Callable[[], None], Callable[[], torch.Tensor]]:
+    """(replay, output): `model(x)` captured in a CUDA graph after three warm-up calls on a side stream."""
+    static_x = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+
+    def output() -> torch.Tensor:
+        graph.replay()
+        return static_y
+
+    return graph.replay, output
+
+
+def _runner(model: nn.Module, x: torch.Tensor, mode: str) -> Tuple[Callable[[], Any], Callable[[], torch.Tensor]]:
+    """(what to time, one run returning the output) for `model(x)` in `mode`."""
+    if mode == "cudagraph":
+        return _cuda_graph(model, x)
+    if mode == "compile":
+        compiled = torch.compile(model)
+        return (lambda: compiled(x)), (lambda: compiled(x))
+    return (lambda: model(x)), (lambda: model(x))
+
+
+def _sparse_choices(model: nn.Module) -> Dict[str, Any]:
+    """{module path: {"backend", "config"}} of every SparseConv2d (the row's `config`)."""
+    return {name: {"backend": m.backend, "config": config_to_dict(m.config)}
+            for name, m in model.named_modules() if isinstance(m, SparseConv2d)}
+
+
+def _time_modes(model: nn.Module, x: torch.Tensor, ref: torch.Tensor, modes: Sequence[str], dtype: str,
+                timing: Dict[str, Any]) -> List[Tuple[str, Dict[str, float]]]:
+    """[(mode, {"median_ms", "p20_ms", "p80_ms", "rel_err"})] of `model(x)`. cudagraph is skipped with
+    a note off CUDA or when capture fails (e.g. a library call that cannot be captured)."""
+    results = []
+    for mode in modes:
+        if mode == "cudagraph" and x.device.type != "cuda":
+            tqdm.write(f"mode cudagraph skipped: needs CUDA, input is on {x.device.type}")
+            continue
+        with precision(dtype), torch.no_grad():
+            try:
+                timed, once = _runner(model, x, mode)
+            except RuntimeError as error:
+                if mode != "cudagraph":
+                    raise
+                tqdm.write(f"mode cudagraph skipped: capture failed: {error}")
+                continue
+            err = relative_error(once(), ref)
+            results.append((mode, {**benchmark(timed, x.device, **timing), "rel_err": err}))
+    return results
+
+
+def _row(base: Dict[str, Any], backend: str, config: Optional[dict], mode: str,
+         stats: Dict[str, float]) -> Dict[str, Any]:
+    row = {**base, "backend": backend, "config": config, "mode": mode, **stats}
+    return {name: row[name] for name in FIELDS}
+
+
+def _check_args(dtype: str, backend: str, modes: Sequence[str]) -> None:
+    torch_dtype(dtype)
+    if backend != "auto":
+        get_backend(backend)
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r} in modes; expected one of {', '.join(MODES)}")
+
+
+def _input(name: str, batch: int, seed: int, device: torch.device, dtype: str) -> torch.Tensor:
+    """x ~ N(0, 1) of the model's input shape at `batch`, rounded to dtype's precision, float32."""
+    generator = torch.Generator(device=device).manual_seed(zlib.crc32(f"{seed}/{name}/input".encode()))
+    x = torch.randn((batch, *default_input_shape(name)), generator=generator, device=device)
+    return round_to(x, dtype)
+
+
+def _variant(model: nn.Module, x: torch.Tensor, dtype: str,
+             backend: str) -> Tuple[nn.Module, torch.Tensor, Optional[dict]]:
+    """(copy of `model` to run, its input, the row's config) for backend "cudnn" (the masked model in
+    dtype, channels_last for fp16/bf16) or a sparse backend (`sparsify_`, NCHW; config = the choice
+    per layer)."""
+    stored = torch_dtype(dtype)
+    if backend == CUDNN:
+        layout = torch.channels_last if stored in (torch.float16, torch.bfloat16) else torch.contiguous_format
+        dense = copy.deepcopy(model).to(dtype=stored, memory_format=layout)
+        return dense, x.to(dtype=stored, memory_format=layout), None
+    sparse, x_sparse = copy.deepcopy(model).to(stored), x.to(stored)
+    with precision(dtype):
+        sparsify_(sparse, x_sparse, backend=backend)
+    return sparse, x_sparse, _sparse_choices(sparse)
+
+
+def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: str, backend: str = "auto",
+                device: torch.device | str, modes: Sequence[str] = ("eager", "cudagraph"), seed: int = 0,
+                run_id: Optional[str] = None, checkpoint: Optional[str | os.PathLike] = None,
+                progress: bool = True, timing: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
+    """Benchmark model `name` at `batch`; returns results rows of kind "model".
+
+    Rows: backend "cudnn" (the pruned model run densely; fp16/bf16 in channels_last) in each mode,
+    then the model after `sparsify_(..., backend=backend)` (row backend = `backend`, "auto" included;
+    `config` = each layer's chosen backend and config) in each mode. pattern/sparsity: see
+    `_pruned_model`; with `checkpoint` the weights come from that state dict instead. dtype: "fp32"
+    (TF32 off), "tf32", "fp16", "bf16". timing: keyword arguments for `autotune.benchmark`.
+    """
+    _check_args(dtype, backend, modes)
+    device, timing = torch.device(device), dict(timing or {})
+    model, label, recorded_sparsity = _pruned_model(name, sparsity, pattern, seed, checkpoint)
+    model = _round_model_(model, dtype).to(device)
+    x = _input(name, batch, seed, device, dtype)
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double()(x.double())
+    base = {"run": run_id or new_run_id(), "kind": "model", **environment(device), **_SHAPE_NULLS,
+            "model": name, "N": batch, "dtype": dtype, "sparsity": recorded_sparsity, "pattern": label}
+    rows = []
+    for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
+        runnable, x_cast, config = _variant(model, x, dtype, variant)
+        rows += [_row(base, variant, config, mode, stats)
+                 for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing)]
+        del runnable, x_cast
+        free_memory(device)
+    return rows

@@ -1,0 +1,72 @@
+"""Test weights for one layer: a sparsity pattern (random or a real DLMC ResNet-50 mask) with values."""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Optional, Tuple
+
+import torch
+
+from ..layers import ConvSpec
+from ..prune import dlmc_layer_mask, dlmc_sets, magnitude_mask
+
+DLMC_PREFIX = "dlmc-"
+
+
+def layer_generator(seed: int, name: str) -> torch.Generator:
+    """CPU generator seeded from (seed, name): the same pair always draws the same numbers."""
+    return torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
+
+
+def _check_sparsity(sparsity: float) -> None:
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity must be in [0, 1) so the weight is not all zero, got {sparsity!r}")
+
+
+def _random_mask(spec: ConvSpec, sparsity: float, generator: torch.Generator) -> torch.Tensor:
+    """Uniformly random bool mask of the weight's shape keeping exactly round((1 - sparsity) * numel)."""
+    return magnitude_mask(torch.rand(spec.weight_shape, generator=generator), sparsity)
+
+
+def _dlmc_mask(spec: ConvSpec, method: str, sparsity: float) -> Optional[torch.Tensor]:
+    """The DLMC mask of layer `spec.name` in set "<method>-<sparsity>", or None when the data is
+    not installed, the set lacks the layer, or the mask's shape is not this layer's (e.g. a
+    ResNet-18 layer sharing a ResNet-50 name). ValueError if the data has no such set."""
+    set_name = f"{method}-{sparsity:g}"
+    try:
+        sets = dlmc_sets()
+    except FileNotFoundError:
+        return None
+    if set_name not in sets:
+        raise ValueError(f"pattern: no DLMC set {set_name!r}; available: {', '.join(sets)}")
+    try:
+        mask = dlmc_layer_mask(set_name, spec.name)
+    except ValueError:
+        return None
+    return mask if tuple(mask.shape) == spec.weight_shape else None
+
+
+def make_weight(spec: ConvSpec, sparsity: float, pattern: str, seed: int, device: torch.device | str,
+                dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, str]:
+    """Weight (K, C // groups, R, S) of `dtype` on `device` with zeros at pruned positions, and the
+    label of the pattern actually used.
+
+    pattern "random": a uniformly random mask with exactly round((1 - sparsity) * numel) non-zeros.
+    pattern "dlmc-<method>" (e.g. "dlmc-magnitude_pruning"): the DLMC ResNet-50 mask of layer
+    `spec.name` from set f"{method}-{sparsity:g}" when present (label `pattern`); otherwise the
+    random mask (label "random"). Kept values are normal(0, 1) * sqrt(2 / fan_in), drawn from a
+    generator seeded by (seed, spec.name).
+    """
+    _check_sparsity(sparsity)
+    generator = layer_generator(seed, spec.name)
+    mask, label = None, "random"
+    if pattern.startswith(DLMC_PREFIX) and len(pattern) > len(DLMC_PREFIX):
+        mask = _dlmc_mask(spec, pattern[len(DLMC_PREFIX):], sparsity)
+        label = pattern if mask is not None else "random"
+    elif pattern != "random":
+        raise ValueError(f"unknown pattern {pattern!r}; expected 'random' or 'dlmc-<method>'")
+    if mask is None:
+        mask = _random_mask(spec, sparsity, generator)
+    fan_in = spec.weight_numel // spec.K
+    values = torch.randn(spec.weight_shape, generator=generator) * math.sqrt(2.0 / fan_in)
+    return torch.where(mask, values, 0.0).to(device=device, dtype=dtype), label
