@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
-    python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 25
+    python3 -m pytest -q -m gpu --continue-on-collection-errors tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 25
 fi
 
 bench() { python3 -m sparsecnn.cli bench layers --backends "$BACKENDS" --out "$RESULTS" "$@" >>"$OUT/bench.log" 2>&1 \
@@ -34,6 +34,6 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 -m sparsecnn.cli bench model resnet50 --batch 32 --pattern dlmc-magnitude_pruning --out "$RESULTS" \
         >>"$OUT/bench.log" 2>&1 || echo "FAILED: bench model resnet50"
     python3 -m sparsecnn.cli demo 2>&1 | tail -n 4
-    python3 -m sparsecnn.cli report "$RESULTS" --md "$OUT/report.md" --plot-dir "$OUT" | tail -n 1
+    python3 -m sparsecnn.cli report "$RESULTS" --md "$OUT/report.md" --plot-dir "${PLOT_DIR:-$OUT}" | tail -n 1
     tail -n 60 "$OUT/report.md"
 fi

@@ -6,6 +6,7 @@ import copy
 import torch
 
 from .autotune import benchmark
+from .bench.layers import precision
 from .kernels.reference import relative_error
 from .models import build_model, default_input_shape
 from .nn import SparseConv2d, sparsify_
@@ -34,10 +35,10 @@ def run_demo(model_name: str = "resnet18-cifar", sparsity: float = 0.9, batch: i
     torch.manual_seed(seed)
     model = build_model(model_name).eval().to(device)
     prune_magnitude_(model, sparsity)
-    print(f"## {model_name}, magnitude-pruned to {sparsity:.0%}, batch {batch}, on {device}\n")
+    print(f"## {model_name}, magnitude-pruned to {sparsity:.0%}, batch {batch}, fp32 (TF32 off), on {device}\n")
     print(format_sparsity_report(sparsity_report(model)) + "\n")
     x = torch.randn(batch, *default_input_shape(model_name), device=device)
-    with torch.no_grad():
+    with torch.no_grad(), precision("fp32"):
         reference = copy.deepcopy(model).double()(x.double())
         sparse = sparsify_(copy.deepcopy(model), x, backend="auto")
         rel_err = relative_error(sparse(x), reference)

@@ -59,6 +59,7 @@ class SparseConv2d(nn.Module):
         self.config = config
         self._packed = None
         self._packed_key = None
+        self._plan_key = None
 
     @classmethod
     def from_dense(cls, conv: nn.Module, backend: str = "dense", mask: Optional[torch.Tensor] = None,
@@ -129,11 +130,18 @@ class SparseConv2d(nn.Module):
             self._packed_key = key
         return self._packed
 
+    def _plan(self, x: torch.Tensor):
+        """(backend, spec, reason it cannot run or None) for this input, cached per shape/dtype/device."""
+        key = (self.backend, tuple(x.shape), x.dtype, x.device.type)
+        if self._plan_key != key:
+            backend, spec = get_backend(self.backend), self.spec_for(x)
+            self._plan_cache = (backend, spec, backend.unsupported_reason(spec, x.dtype, x.device.type))
+            self._plan_key = key
+        return self._plan_cache
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        spec = self.spec_for(x)
-        backend = get_backend(self.backend)
-        reason = backend.unsupported_reason(spec, x.dtype, x.device.type)
+        backend, spec, reason = self._plan(x)
         if reason is not None:
             return self._fallback(x, reason)
         if spec.N == 0:
