@@ -22,13 +22,19 @@ class Candidate:
 
 def candidates_for(spec: ConvSpec, dtype: torch.dtype, device_type: str,
                    backends: Optional[List[str]] = None) -> List[Candidate]:
-    """Every (backend, config) that supports the layer; `dense` is always included."""
+    """Every (backend, config) that supports the layer; `dense` is always included.
+
+    Without an explicit `backends` list, a backend is skipped on devices outside its
+    `autotune_devices`.
+    """
     from ..backends import backend_names
 
     names = backend_names() if backends is None else list(dict.fromkeys(["dense", *backends]))
     found = []
     for name in names:
         backend: Backend = get_backend(name)
+        if backends is None and backend.autotune_devices is not None and device_type not in backend.autotune_devices:
+            continue
         if backend.unsupported_reason(spec, dtype, device_type) is None:
             found.extend(Candidate(name, config) for config in backend.configs(spec, dtype))
     return found

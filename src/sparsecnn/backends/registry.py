@@ -34,6 +34,8 @@ class Backend:
     spec_check(spec) -> None when the layer is supported, else the reason it is not.
     configs(spec, dtype) -> the candidate configs the autotuner may try (each valid by construction);
     the first is the default for untuned use. `config_from_dict` rebuilds one from its saved form.
+    autotune_devices: device types where `backend="auto"` may pick it unasked (None: wherever it
+    runs); e.g. a Triton backend runs on CPU only in the interpreter, for tests.
     """
 
     name: str
@@ -44,6 +46,7 @@ class Backend:
     spec_check: Callable[[ConvSpec], Optional[str]] = _supports_everything
     configs: Callable[[ConvSpec, torch.dtype], List[Any]] = _no_configs
     config_from_dict: Callable[[dict], Any] = lambda saved: None
+    autotune_devices: Optional[Tuple[str, ...]] = None
 
     def unsupported_reason(self, spec: ConvSpec, dtype: torch.dtype, device_type: str) -> Optional[str]:
         """None when this backend can run `spec` at `dtype` on `device_type`, else why not."""

@@ -1,4 +1,5 @@
 """Sparse weight formats built from the pruning contract (a dense weight with zeros)."""
 from .csr import CSRWeight
+from .ell import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight, expand_offsets, padding_overhead
 
-__all__ = ["CSRWeight"]
+__all__ = ["CSRWeight", "ChunkedCSRWeight", "OffsetCSRWeight", "UniformELLWeight", "expand_offsets", "padding_overhead"]

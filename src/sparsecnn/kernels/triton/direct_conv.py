@@ -1,0 +1,473 @@
+"""Direct sparse convolution (UnSparse-Opt, paper 003 Algorithm 4) in Triton.
+
+Algorithm. Each program computes a [BLOCK_PIX output pixels, SUB_BATCH images, BLOCK_K channels]
+tile. It walks the channels' non-zeros; per step it loads each channel's weight and precomputed
+input offset once and reuses them for SUB_BATCH images (the paper's sbS) and BLOCK_PIX pixels:
+    acc[p, n, k] += w[k, j] * x_padded[n, base[p] + offset[k, j]]
+The per-pixel base (top-left input of the output pixel) and the per-image pointers are computed once
+per program, so the inner loop is one address computation, one load and one FMA per multiply-add
+(sm_90 SASS: ~3.3-3.5 instructions per FMA for ELL in fp32, one more for fp16/bf16 conversion).
+
+Expected bound. Each load of a warp reads 32 consecutive inputs at an arbitrary alignment, which
+spans two 128-byte L1 lines: about two L1 wavefronts per 32 multiply-adds, i.e. ~16 fp32 FMAs per
+clock per SM, well below the FMA units: the kernel is L1-throughput bound. In fp16 a warp's load
+is 64 bytes, one line about half the time (~1.5 wavefronts).
+
+Input layout. The kernel reads a zero-padded, contiguous NCHW input: for one non-zero, consecutive
+output pixels of a row read consecutive inputs (stride 1 when stride_w = 1), so loads coalesce. In
+channels_last the same pixels are C elements apart (one 32-byte sector per 4-byte load, 8x the
+traffic). So the launcher converts any other layout (channels_last, non-contiguous) to padded
+NCHW; with padding > 0 this is the same single copy that pads the input (see formats/ell.py for
+why padding beats bounds checks). The output is always contiguous NCHW.
+
+L1 reuse. Rows are stored in increasing column (c, r, s) order, so the BLOCK_K channels of a
+program advance through the input channels roughly together: at any step they read a narrow window
+of input channels of the same pixel tile, which stays in L1 and serves ~BLOCK_K * R * S * density
+loads per fetch. BLOCK_K = 1 (the paper's layout) leaves that reuse to L2.
+
+Grid order: 1-D, channel blocks fastest, then pixel tiles, then image groups. Programs with
+consecutive ids start together and read the same input tile, so it comes from DRAM once and from
+L2 for the other channel blocks; neighbouring pixel tiles share their halo rows next.
+
+Variants: "ell" (`UniformELLWeight`: one loop bound L, weights of a step contiguous across channels)
+and "csr" (`OffsetCSRWeight`: channels in decreasing-nnz order, each block runs to its longest
+row, shorter rows masked). Accumulation is float32; output dtype = input dtype. Offsets within
+an image are int32 (the launcher checks C*Hp*Wp and K*P*Q fit); image base offsets are int64.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
+from ...layers import ConvSpec
+
+DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
+VARIANTS = ("chunk", "ell", "csr")
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INT32_MAX = 2**31 - 1
+_MAX_ACC_PER_THREAD = 128  # beyond this the accumulators alone spill registers
+
+
+@triton.jit
+def _direct_conv_kernel(
+    x_ptr, val_ptr, off_ptr, row_ptr_ptr, row_order_ptr, bias_ptr, y_ptr,
+    N, K, PQ, Q, row_step, col_step, x_img_stride, y_img_stride,
+    ell_width, ell_stride_k, ell_stride_j,
+    CSR: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, RELU: tl.constexpr,
+    BLOCK_PIX: tl.constexpr, BLOCK_K: tl.constexpr, SUB_BATCH: tl.constexpr,
+):
+    """y[n, k, p] = bias[k] + sum_j w[k, j] * x[n, pix_base[p] + off[k, j]]  (optionally ReLU'd).
+
+    One program: a [BLOCK_PIX, SUB_BATCH, BLOCK_K] tile of (pixel, image, channel).
+
+    x_ptr: padded contiguous (N, C, Hp, Wp); y_ptr: contiguous (N, K, P, Q).
+    ELL: val/off are (K, ell_width) with strides (ell_stride_k, ell_stride_j).
+    CSR: val/off are (nnz,), rows delimited by row_ptr (K + 1,), processed in row_order (K,).
+    EVEN_K: K % BLOCK_K == 0 (no channel masks).
+    row_step = stride_h * Wp and col_step = stride_w: input distance between output rows / columns.
+    """
+    pid = tl.program_id(0)
+    num_kb = tl.cdiv(K, BLOCK_K)
+    num_tiles = tl.cdiv(PQ, BLOCK_PIX)
+    kb = pid % num_kb
+    tile = (pid // num_kb) % num_tiles
+    group = pid // (num_kb * num_tiles)
+
+    # Pixels and images past the end are clamped to valid ones for loading (no masks in the inner
+    # loop) and masked only at the store.
+    pix = tile * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
+    pix_ok = pix < PQ
+    pix_in = tl.minimum(pix, PQ - 1)
+    oh = pix_in // Q
+    x_pix = oh * row_step + (pix_in - oh * Q) * col_step                  # [PIX] int32
+    img = group * SUB_BATCH + tl.arange(0, SUB_BATCH)
+    img_ok = img < N
+    img_in = tl.minimum(img, N - 1).to(tl.int64)
+    x_tile = x_ptr + x_pix[:, None] + (img_in * x_img_stride)[None, :]   # [PIX, SB] pointers
+
+    slot = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    slot_ok = slot < K
+    if CSR:
+        chan = tl.load(row_order_ptr + tl.minimum(slot, K - 1))
+        start = tl.load(row_ptr_ptr + chan)
+        nnz = tl.where(slot_ok, tl.load(row_ptr_ptr + chan + 1) - start, 0)
+        n_steps = tl.max(nnz, axis=0)
+    else:
+        chan = slot
+        start = slot * ell_stride_k
+        n_steps = ell_width
+
+    # Pixels are dim 0: Triton orders a layout by pointer contiguity and, on ties (the gathered
+    # offsets hide it), by dimension index, so this keeps consecutive lanes on consecutive pixels
+    # (coalesced loads) and gives the store the same layout (no shared-memory conversion). With
+    # channels first, Triton 3.6 put lanes across channels: uncoalesced gathers.
+    acc = tl.zeros([BLOCK_PIX, SUB_BATCH, BLOCK_K], dtype=tl.float32)
+    for j in range(0, n_steps):
+        if CSR:
+            step_ok = j < nnz
+            w = tl.load(val_ptr + (start + j), mask=step_ok, other=0.0)
+            off = tl.load(off_ptr + (start + j), mask=step_ok, other=0)
+        elif EVEN_K:  # no mask: the predicated loads would need their registers zeroed every step
+            w = tl.load(val_ptr + start + j * ell_stride_j)
+            off = tl.load(off_ptr + start + j * ell_stride_j)
+        else:
+            w = tl.load(val_ptr + start + j * ell_stride_j, mask=slot_ok, other=0.0)
+            off = tl.load(off_ptr + start + j * ell_stride_j, mask=slot_ok, other=0)
+        # Masked slots load offset 0: a valid address, multiplied by weight 0.
+        xv = tl.load(x_tile[:, :, None] + off[None, None, :])
+        acc = tl.fma(w[None, None, :], xv.to(tl.float32), acc)
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + chan, mask=slot_ok, other=0.0).to(tl.float32)[None, None, :]
+    if RELU:
+        acc = tl.maximum(acc, 0.0)
+    y_ptrs = (y_ptr + pix[:, None, None] + (img_in * y_img_stride)[None, :, None]
+              + (chan * PQ)[None, None, :])
+    mask = pix_ok[:, None, None] & img_ok[None, :, None] & slot_ok[None, None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _direct_chunk_kernel(
+    x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, y_ptr,
+    N, K, PQ, Q, row_step, col_step, x_img_stride, y_img_stride,
+    HAS_BIAS: tl.constexpr, RELU: tl.constexpr,
+    BLOCK_PIX: tl.constexpr, SUB_BATCH: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """Variant "chunk": one channel per program, non-zeros consumed CHUNK at a time.
+
+    y[n, k, p] = bias[k] + sum_j w[j] * x[n, pix_base[p] + off[j]] over row k of a
+    `ChunkedCSRWeight` (rows padded to multiples of CHUNK). Each step loads CHUNK weights and
+    offsets with one vector load each and gathers a [BLOCK_PIX, SUB_BATCH, CHUNK] input tile, so
+    CHUNK independent loads per thread are in flight instead of one load that waits on the
+    previous step's offset load (what limits the one-non-zero-per-step loop).
+    """
+    pid = tl.program_id(0)
+    k = pid % K
+    tile = (pid // K) % tl.cdiv(PQ, BLOCK_PIX)
+    group = pid // (K * tl.cdiv(PQ, BLOCK_PIX))
+    pix = tile * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
+    pix_ok = pix < PQ
+    pix_in = tl.minimum(pix, PQ - 1)
+    oh = pix_in // Q
+    x_pix = oh * row_step + (pix_in - oh * Q) * col_step
+    img = group * SUB_BATCH + tl.arange(0, SUB_BATCH)
+    img_ok = img < N
+    img_in = tl.minimum(img, N - 1).to(tl.int64)
+    x_tile = x_ptr + x_pix[:, None] + (img_in * x_img_stride)[None, :]   # [PIX, SB] pointers
+    start = tl.load(row_ptr_ptr + k)
+    end = tl.load(row_ptr_ptr + k + 1)
+    acc = tl.zeros([BLOCK_PIX, SUB_BATCH], dtype=tl.float32)
+    for j in range(start, end, CHUNK):
+        w = tl.load(val_ptr + j + tl.arange(0, CHUNK))
+        off = tl.load(off_ptr + j + tl.arange(0, CHUNK))
+        xv = tl.load(x_tile[:, :, None] + off[None, None, :]).to(tl.float32)
+        acc += tl.sum(xv * w[None, None, :], axis=2)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + k).to(tl.float32)
+    if RELU:
+        acc = tl.maximum(acc, 0.0)
+    y_ptrs = y_ptr + pix[:, None] + (img_in * y_img_stride)[None, :] + k * PQ
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & img_ok[None, :])
+
+
+def _is_pow2(value) -> bool:
+    return isinstance(value, int) and value > 0 and value & (value - 1) == 0
+
+
+def _pow2_at_least(value: int) -> int:
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectConfig:
+    """Launch parameters of the direct kernel.
+
+    block_pix: output pixels per program (power of two, 16..1024); block_k: output channels per
+    program (power of two, 1..64); sub_batch: images per program (the paper's sbS: 1, 2, 4, 8);
+    num_warps: 1, 2, 4, 8; num_stages: Triton software-pipelining depth (1..4; the loop has no
+    tl.dot, so Triton does not pipeline it and 1 is the expected choice); variant: "chunk", "ell"
+    or "csr"; chunk: non-zeros per step of the "chunk" variant (power of two, 4..32; the other
+    variants ignore it). "chunk" computes one channel per program, so it needs block_k = 1.
+    """
+
+    block_pix: int = 128
+    block_k: int = 16
+    sub_batch: int = 2
+    num_warps: int = 4
+    num_stages: int = 1
+    variant: str = "ell"
+    chunk: int = 8
+
+    def __post_init__(self):
+        _check_pow2_field("block_pix", self.block_pix, 16, 1024)
+        _check_pow2_field("block_k", self.block_k, 1, 64)
+        _check_pow2_field("sub_batch", self.sub_batch, 1, 8)
+        _check_pow2_field("num_warps", self.num_warps, 1, 8)
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 4:
+            raise ValueError(f"DirectConfig.num_stages must be an int in 1..4, got {self.num_stages!r}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"DirectConfig.variant must be one of {VARIANTS}, got {self.variant!r}")
+        _check_pow2_field("chunk", self.chunk, 4, 32)
+        if self.variant == "chunk" and self.block_k != 1:
+            raise ValueError(f"DirectConfig.block_k must be 1 for variant 'chunk', got {self.block_k}")
+        per_thread = self.block_k * self.sub_batch * self.block_pix // (32 * self.num_warps)
+        if per_thread > _MAX_ACC_PER_THREAD:
+            raise ValueError(f"DirectConfig.num_warps={self.num_warps} too few: block_k * sub_batch * block_pix"
+                             f" = {self.block_k * self.sub_batch * self.block_pix} gives {per_thread} "
+                             f"accumulators per thread (max {_MAX_ACC_PER_THREAD})")
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> "DirectConfig":
+        """Rebuild from `dataclasses.asdict` output (unknown keys are an error)."""
+        unknown = set(saved) - {field.name for field in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"DirectConfig.from_dict: unknown keys {sorted(unknown)}")
+        return cls(**saved)
+
+
+def _check_pow2_field(name: str, value, low: int, high: int) -> None:
+    if not _is_pow2(value) or not low <= value <= high:
+        raise ValueError(f"DirectConfig.{name} must be a power of two in {low}..{high}, got {value!r}")
+
+
+_TARGET_PROGRAMS = 1024  # ~8 per SM on a 132-SM H100/H200: fills the machine, evens out the tail
+
+
+def _warps_for(tile: int, block_k: int, acc_per_thread: int) -> int:
+    """num_warps giving ~acc_per_thread accumulators per thread, with block_k < 32 * num_warps.
+
+    The latter keeps Triton loading a step's block_k weights in the broadcast layout (each thread
+    holds all of them); a vector as large as the thread count goes through shared memory instead.
+    """
+    return min(8, max(1, tile // (32 * acc_per_thread), _pow2_at_least(block_k) // 16))
+
+
+def _sized(spec: ConvSpec, block_pix: int, block_k: int, sub_batch: int, variant: str,
+           acc_per_thread: int = 32) -> DirectConfig:
+    """A valid config near the given sizes: clamped to the layer, with num_warps from `_warps_for`."""
+    block_pix = min(max(block_pix, 16), 1024, max(16, _pow2_at_least(spec.P * spec.Q)))
+    block_k = min(max(block_k, 1), 64, _pow2_at_least(spec.K))
+    sub_batch = min(max(sub_batch, 1), 8, _pow2_at_least(max(spec.N, 1)))
+    while block_pix * block_k * sub_batch > 32 * 8 * _MAX_ACC_PER_THREAD:  # too big even at 8 warps
+        if sub_batch > 1:
+            sub_batch //= 2
+        else:
+            block_pix //= 2
+    num_warps = _warps_for(block_pix * block_k * sub_batch, block_k, acc_per_thread)
+    return DirectConfig(block_pix, block_k, sub_batch, num_warps, 1, variant)
+
+
+def _num_programs(spec: ConvSpec, block_pix: int, block_k: int, sub_batch: int) -> int:
+    return (triton.cdiv(spec.K, block_k) * triton.cdiv(spec.P * spec.Q, block_pix)
+            * triton.cdiv(max(spec.N, 1), sub_batch))
+
+
+def _default_sizes(spec: ConvSpec) -> Tuple[int, int, int]:
+    """(block_pix, block_k, sub_batch) of the default config.
+
+    A tile of up to 128 pixels; enough images that a small feature map still gives 256 (pixel,
+    image) lanes; 16 channels (L1 reuse of the input tile, see the module docstring). Layers too
+    small to give `_TARGET_PROGRAMS` programs shrink the channel block (to 4), then the sub-batch.
+    """
+    block_pix = min(128, max(16, _pow2_at_least(spec.P * spec.Q)))
+    sub_batch = min(8, max(1, 256 // block_pix), _pow2_at_least(max(spec.N, 1)))
+    block_k = min(16, _pow2_at_least(spec.K))
+    while block_k > 4 and _num_programs(spec, block_pix, block_k, sub_batch) < _TARGET_PROGRAMS:
+        block_k //= 2
+    while sub_batch > 1 and _num_programs(spec, block_pix, block_k, sub_batch) < _TARGET_PROGRAMS:
+        sub_batch //= 2
+    return block_pix, block_k, sub_batch
+
+
+def _chunked(spec: ConvSpec, block_pix: int, sub_batch: int, chunk: int, acc_per_thread: int) -> DirectConfig:
+    """A valid "chunk" config: tile clamped to the layer, num_warps for ~acc_per_thread accumulators."""
+    block_pix = min(max(block_pix, 16), 1024, max(16, _pow2_at_least(spec.P * spec.Q)))
+    sub_batch = min(max(sub_batch, 1), 8, _pow2_at_least(max(spec.N, 1)))
+    num_warps = min(8, max(1, block_pix * sub_batch // (32 * acc_per_thread)))
+    return DirectConfig(block_pix, 1, sub_batch, num_warps, 1, "chunk", chunk)
+
+
+def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
+    """Configs for the autotuner, heuristic default first; <= 9, distinct.
+
+    First the "chunk" variant, fastest on an H200 (benchmarks/results: 1.3-1.6x the one-step loop on
+    resnet-conv1, r50 1x1, r18-cifar layers): one warp per 128-256 (pixel, image) lanes won
+    everywhere measured, with chunks of 8 or 16. Then the uniform-ELL default (`_default_sizes`),
+    CSR with a small channel block, and the paper's layout (one channel, sbS = 4) for comparison.
+    `dtype` does not change the list today (the kernel's cost is per load rather than per byte).
+    """
+    pix, bk, sb = _default_sizes(spec)
+    configs = [
+        _chunked(spec, 128, 2, 8, 8),
+        _chunked(spec, 64, 2, 8, 4),
+        _chunked(spec, 128, 1, 16, 4),
+        _chunked(spec, 128, 2, 16, 8),
+        _chunked(spec, 256, 2, 16, 8),
+        _sized(spec, pix, bk, sb, "ell"),
+        _sized(spec, pix, min(bk, 4), 2 * sb, "csr", acc_per_thread=64),
+        _sized(spec, pix, 1, 4, "ell"),
+        _sized(spec, pix, 1, 4, "csr"),
+    ]
+    return list(dict.fromkeys(configs))
+
+
+def _pair(value, name: str) -> Tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+    return pair
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def _check_x(x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError(f"x must be a 4-D (N, C, H, W) tensor, got {tuple(getattr(x, 'shape', ()))}")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and _interpreting()):
+        raise ValueError(f"x is on {x.device}: the direct kernel needs CUDA (or CPU with TRITON_INTERPRET=1)")
+
+
+def _check_operands(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Tensor],
+                    config: DirectConfig) -> None:
+    expected = {"chunk": ChunkedCSRWeight, "ell": UniformELLWeight, "csr": OffsetCSRWeight}[config.variant]
+    if not isinstance(weight, expected):
+        raise TypeError(f"config.variant={config.variant!r} needs a {expected.__name__} weight, "
+                        f"got {type(weight).__name__}")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
+    if x.shape[1] != weight.kernel_shape[1]:
+        raise ValueError(f"x has {x.shape[1]} channels, the weight expects {weight.kernel_shape[1]}")
+    if bias is not None and (bias.shape != (weight.kernel_shape[0],) or bias.device != x.device
+                             or not bias.is_floating_point()):
+        raise ValueError(f"bias must be a floating ({weight.kernel_shape[0]},) tensor on {x.device}, "
+                         f"got {bias.dtype} {tuple(bias.shape)} on {bias.device}")
+
+
+def _check_out(out: torch.Tensor, shape: Tuple[int, ...], x: torch.Tensor) -> None:
+    if out.shape != shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {shape} on {x.device}, "
+                         f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+
+
+def _padded_nchw(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
+    """(N, C, H, W) in any layout -> contiguous (N, C, H + 2 pad_h, W + 2 pad_w) with a zero border.
+
+    One pass over the input at most (none when x is contiguous and unpadded).
+    """
+    if pad_h == 0 and pad_w == 0:
+        return x.contiguous()
+    if x.is_contiguous():
+        return F.pad(x, (pad_w, pad_w, pad_h, pad_h))
+    n, c, h, w = x.shape
+    padded = x.new_empty(n, c, h + 2 * pad_h, w + 2 * pad_w)
+    padded[:, :, :pad_h].zero_()
+    padded[:, :, pad_h + h:].zero_()
+    padded[:, :, pad_h:pad_h + h, :pad_w].zero_()
+    padded[:, :, pad_h:pad_h + h, pad_w + w:].zero_()
+    padded[:, :, pad_h:pad_h + h, pad_w:pad_w + w].copy_(x)
+    return padded
+
+
+def _nonempty(t: torch.Tensor) -> torch.Tensor:
+    """A kernel pointer argument must point at memory even when the kernel never reads it."""
+    return t if t.numel() else t.new_zeros(1)
+
+
+def variant_of(weight: DirectWeight) -> str:
+    """The config variant that runs a weight of this format."""
+    if isinstance(weight, ChunkedCSRWeight):
+        return "chunk"
+    return "ell" if isinstance(weight, UniformELLWeight) else "csr"
+
+
+def default_config(spec: ConvSpec, dtype: torch.dtype, variant: Optional[str] = None) -> DirectConfig:
+    """The first candidate (of `variant`, if given)."""
+    configs = candidate_configs(spec, dtype)
+    return next((c for c in configs if variant in (None, c.variant)), configs[0])
+
+
+def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Tensor] = None,
+                  stride=1, padding=0, config: Optional[DirectConfig] = None, *, relu: bool = False,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Sparse conv2d (dilation 1, groups 1) by the direct kernel.
+
+    x: (N, C, H, W) fp32/fp16/bf16, any strides (channels_last is converted, see the module doc);
+    weight: `UniformELLWeight` or `OffsetCSRWeight` matching `config.variant`; bias: (K,) or None;
+    stride/padding: int or (h, w). relu: fuse max(y, 0). out: optional contiguous (N, K, P, Q)
+    tensor of x's dtype to write into. Returns (N, K, P, Q) contiguous, x's dtype.
+    `config` None: the default for this layer and the weight's variant.
+    """
+    (sh, sw), (ph, pw) = _pair(stride, "stride"), _pair(padding, "padding")
+    if min(sh, sw) < 1 or min(ph, pw) < 0:
+        raise ValueError(f"stride must be >= 1 and padding >= 0, got stride={stride!r} padding={padding!r}")
+    _check_x(x)
+    if not isinstance(weight, (ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight)):
+        raise TypeError(f"weight must be a ChunkedCSRWeight, UniformELLWeight or OffsetCSRWeight, "
+                        f"got {type(weight).__name__}")
+    kernel_k, _, kernel_r, kernel_s = weight.kernel_shape
+    n, c, h, w = x.shape
+    spec = ConvSpec(n, c, kernel_k, h, w, kernel_r, kernel_s, (sh, sw), (ph, pw))
+    if config is None:
+        config = default_config(spec, x.dtype, variant_of(weight))
+    _check_operands(x, weight, bias, config)
+    if kernel_k * spec.P * spec.Q > _INT32_MAX:
+        raise ValueError(f"one output image of {kernel_k}x{spec.P}x{spec.Q} exceeds int32 offsets")
+    shape = spec.output_shape
+    if out is None:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    else:
+        _check_out(out, shape, x)
+    if n == 0:
+        return out
+    xp = _padded_nchw(x, ph, pw)
+    offsets = weight.offsets(xp.shape[2], xp.shape[3])
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # Triton uses the current device
+        _launch(xp, weight, offsets, bias, out, spec, config, relu)
+    return out
+
+
+def _launch(xp: torch.Tensor, weight: DirectWeight, offsets: torch.Tensor, bias: Optional[torch.Tensor],
+            out: torch.Tensor, spec: ConvSpec, config: DirectConfig, relu: bool) -> None:
+    """Launch the kernel on the padded input `xp` (N, C, Hp, Wp), writing `out` (N, K, P, Q)."""
+    n, c, hp, wp = xp.shape
+    pq = spec.P * spec.Q
+    if config.variant == "chunk":
+        grid = (spec.K * triton.cdiv(pq, config.block_pix) * triton.cdiv(n, config.sub_batch),)
+        _direct_chunk_kernel[grid](
+            xp, _nonempty(weight.values), _nonempty(offsets), weight.row_ptr,
+            out if bias is None else bias.contiguous(), out,
+            n, spec.K, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq,
+            HAS_BIAS=bias is not None, RELU=relu, BLOCK_PIX=config.block_pix, SUB_BATCH=config.sub_batch,
+            CHUNK=config.chunk, num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+        return
+    csr = config.variant == "csr"
+    if csr:
+        values, row_ptr, row_order = weight.values, weight.row_ptr, weight.row_order
+        ell = (0, 0, 0)
+    else:
+        values, row_ptr, row_order = weight.values, out, out  # row_ptr/row_order unused by ELL
+        ell = (weight.width, values.stride(0), values.stride(1))
+    grid = (triton.cdiv(spec.K, config.block_k) * triton.cdiv(pq, config.block_pix)
+            * triton.cdiv(n, config.sub_batch),)
+    _direct_conv_kernel[grid](
+        xp, _nonempty(values), _nonempty(offsets), row_ptr, row_order,
+        out if bias is None else bias.contiguous(), out,
+        n, spec.K, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq, *ell,
+        CSR=csr, EVEN_K=spec.K % config.block_k == 0, HAS_BIAS=bias is not None, RELU=relu,
+        BLOCK_PIX=config.block_pix, BLOCK_K=config.block_k, SUB_BATCH=config.sub_batch,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
