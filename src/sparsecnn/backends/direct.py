@@ -7,41 +7,15 @@ while TRITON_INTERPRET=1 is set; set it before the first use of this backend.
 """
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, List, Optional
 
 import torch
 
 from ..formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ..layers import ConvSpec
 from .registry import Backend, register_backend
+from .triton_common import TritonDtypes, gather_spec_check
 
-_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_INT32_MAX = 2**31 - 1
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
-
-
-class _Dtypes(Mapping):
-    """{"cuda": fp32/fp16/bf16} plus {"cpu": fp32} while TRITON_INTERPRET=1, read at each lookup."""
-
-    def _table(self) -> Dict[str, Tuple[torch.dtype, ...]]:
-        table = {"cuda": _CUDA_DTYPES}
-        if _interpreting():
-            table["cpu"] = (torch.float32,)
-        return table
-
-    def __getitem__(self, device_type: str) -> Tuple[torch.dtype, ...]:
-        return self._table()[device_type]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
 
 
 def _kernels():
@@ -51,14 +25,7 @@ def _kernels():
 
 
 def _spec_check(spec: ConvSpec) -> Optional[str]:
-    if spec.groups != 1:
-        return f"groups={spec.groups} (direct supports groups=1 only)"
-    if spec.dilation != (1, 1):
-        return f"dilation={spec.dilation} (direct supports dilation 1 only)"
-    ph, pw = spec.padding
-    if spec.C * (spec.H + 2 * ph) * (spec.W + 2 * pw) > _INT32_MAX or spec.K * spec.P * spec.Q > _INT32_MAX:
-        return "one image's input or output exceeds int32 offsets"
-    return None
+    return gather_spec_check("direct", spec)
 
 
 def _prepare(weight: torch.Tensor, config: Any):
@@ -87,7 +54,7 @@ DIRECT = register_backend(Backend(
     name="direct",
     description="direct sparse convolution (UnSparse-Opt): chunked CSR, uniform-ELL or CSR weights with "
                 "precomputed input offsets, Triton",
-    dtypes=_Dtypes(),
+    dtypes=TritonDtypes(),
     autotune_devices=("cuda",),  # on CPU it runs only in Triton's interpreter, for tests
     prepare=_prepare,
     run=_run,

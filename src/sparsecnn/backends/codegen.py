@@ -1,0 +1,89 @@
+"""Backend `codegen`: sparsity-aware code generation (paper 002), CUDA fp32 on sm_90.
+
+The weight is compiled into the kernels (zero weights' FMAs removed, the rest immediates), which
+needs the layer's spatial shape: `prepare` only checks and keeps the weight, and each layer shape
+(any batch) is compiled on its first `run` (through the on-disk cache of kernels/codegen, so a
+shape compiled before costs a file read). Make that first run outside CUDA-graph capture.
+Importing this module imports neither cuda-python nor CuPy and does not touch CUDA.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..kernels import codegen
+from ..layers import ConvSpec
+from .registry import Backend, register_backend
+
+# K*C*R*S beyond this unrolls into so many kernels (each <= DEFAULT_MAX_KERNEL_FMAS template FMAs,
+# ~10 s of nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
+MAX_UNROLLED_WEIGHTS = 1 << 20
+_INT32_MAX = 2**31 - 1
+
+
+class CodegenWeight:
+    """The packed form: the dense weight on the CPU, and the compiled kernels per layer shape."""
+
+    def __init__(self, weight: torch.Tensor):
+        if weight.dim() != 4:
+            raise ValueError(f"codegen needs a (K, C, R, S) weight, got shape {tuple(weight.shape)}")
+        self.weight = weight.detach().to("cpu", torch.float32).contiguous().numpy()
+        if not np.isfinite(self.weight).all():
+            raise ValueError("codegen cannot compile a weight with inf/NaN values")
+        self._compiled: Dict[Tuple, codegen.CompiledConv] = {}
+        self._lock = threading.Lock()
+
+    def compiled(self, spec: ConvSpec, config: Optional[codegen.CodegenConfig],
+                 has_bias: bool) -> codegen.CompiledConv:
+        """The kernels for `spec` (batch ignored; config None: the default), compiled on first use."""
+        key = (spec.with_batch(0), config, has_bias)
+        with self._lock:
+            if key not in self._compiled:
+                self._compiled[key] = codegen.compile_conv(self.weight, spec, config, has_bias=has_bias)
+            return self._compiled[key]
+
+
+def _spec_check(spec: ConvSpec) -> Optional[str]:
+    if spec.groups != 1:
+        return f"groups={spec.groups} (codegen supports groups=1 only)"
+    if spec.dilation != (1, 1):
+        return f"dilation={spec.dilation} (codegen supports dilation 1 only)"
+    unrolled = spec.K * spec.C * spec.R * spec.S
+    if unrolled > MAX_UNROLLED_WEIGHTS:
+        return (f"K*C*R*S = {unrolled} weights to unroll exceed {MAX_UNROLLED_WEIGHTS}: compile time would be "
+                "unreasonable")
+    if spec.C * spec.H * spec.W > _INT32_MAX // 8 or spec.K * spec.P * spec.Q > _INT32_MAX // 8:
+        return "one image's input or output is too large for the kernels' int32 offsets"
+    if not codegen.candidate_configs(spec):
+        return "no tiling fits shared memory and the unroll cap"
+    return None
+
+
+def _prepare(weight: torch.Tensor, config: Any) -> CodegenWeight:
+    return CodegenWeight(weight)
+
+
+def _run(x: torch.Tensor, packed: CodegenWeight, bias: Optional[torch.Tensor], spec: ConvSpec,
+         config: Any) -> torch.Tensor:
+    return packed.compiled(spec, config, bias is not None)(x, bias)
+
+
+def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
+    return codegen.candidate_configs(spec)
+
+
+CODEGEN = register_backend(Backend(
+    name="codegen",
+    description="sparsity-aware code generation (Dong et al.): weights as FMA immediates, zero-weight FMAs "
+                "deleted from a PTX template (or never emitted), fp32 CUDA sm_90",
+    dtypes={"cuda": (torch.float32,)},
+    prepare=_prepare,
+    run=_run,
+    spec_check=_spec_check,
+    configs=_configs,
+    config_from_dict=codegen.CodegenConfig.from_dict,
+    autotune_devices=(),  # each candidate costs a 10-30 s compile: used by `auto` only when named
+))

@@ -1,0 +1,276 @@
+"""Sparsity-aware code generation for convolutions (paper 002): weights become FMA immediates.
+
+`compile_conv(weight, spec, config)` turns one layer's pruned weight into sm_90 kernels, one per
+slice of output channels:
+  rewrite mode: the placeholder template (template.py) -> nvcc -ptx, once per layer shape, config
+    and toolchain (cached on disk) -> Algorithm 2 per slice (ptx_rewrite.py): real weights
+    substituted, FMAs of zero weights deleted -> ptxas -> cubin (cached per template + weights);
+  emit mode: CUDA C with only the non-zero terms per slice -> nvcc -ptx -> ptxas -> cubin.
+The returned `CompiledConv` runs the layer (CUDA fp32, NCHW) on torch's current stream, and its
+`report` (`CompileReport`) says what compiling cost and produced.
+
+Nothing here imports cuda-python or CuPy, or touches CUDA, until a kernel is launched.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ...layers import ConvSpec
+from . import toolchain
+from .ptx_rewrite import RewriteError, RewriteStats, placeholder_sites, rewrite_ptx
+from .template import (DEFAULT_MAX_KERNEL_FMAS, KERNEL_NAME, CodegenConfig, KernelPlan, candidate_configs,
+                       kernel_source, make_plan, placeholder_bits, slot_weight_bits)
+from .toolchain import DiskCache, ToolchainError
+
+__all__ = ["CodegenConfig", "CompileReport", "CompiledConv", "KernelPlan", "RewriteError", "RewriteStats",
+           "Template", "ToolchainError", "candidate_configs", "compile_conv", "compile_template", "make_plan"]
+
+
+@dataclasses.dataclass
+class CompileReport:
+    """What compiling one layer cost and produced (sizes summed, registers/spills max over slices).
+
+    Seconds are this call's: an artifact found in the disk cache costs ~0 (`cache_hits` counts them).
+    fmas_deleted/kept count template FMAs (slot = weight x output pixel of a thread); emit mode
+    reports the same counts for the terms it left out / wrote.
+    """
+
+    mode: str
+    slices: int
+    template_fmas: int  # per kernel
+    fmas_deleted: int = 0
+    fmas_kept: int = 0
+    nvcc_s: float = 0.0
+    rewrite_s: float = 0.0
+    ptxas_s: float = 0.0
+    compile_s: float = 0.0  # wall time of compile_conv
+    template_ptx_bytes: int = 0
+    ptx_bytes: int = 0
+    cubin_bytes: int = 0
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    smem_bytes: int = 0
+    cache_hits: int = 0
+
+
+@dataclasses.dataclass
+class _Slice:
+    cubin: bytes
+    meta: dict  # ptx_bytes, deleted, kept, registers, spill_stores, spill_loads, smem_bytes, *_s
+    cached: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """The placeholder PTX of one plan, its cache key, and the nvcc seconds it cost this call."""
+
+    ptx: str
+    key: str
+    nvcc_s: float
+    cached: bool
+
+
+def compile_template(plan: KernelPlan, cache: Optional[DiskCache] = None) -> Template:
+    """The placeholder PTX of `plan` (from the disk cache, else nvcc).
+
+    A fresh template is checked before it is cached: each placeholder must feed exactly one FMA
+    weight operand (nvcc neither merged nor duplicated any), else RewriteError.
+    """
+    cache = cache or DiskCache()
+    source = kernel_source(plan)
+    key = toolchain.cache_key("template", source, toolchain.toolchain_id())
+    cached = cache.get(key, "ptx")
+    if cached is not None:
+        return Template(cached.decode(), key, 0.0, True)
+    ptx, seconds = toolchain.nvcc_ptx(source)
+    sites = placeholder_sites(ptx, frozenset(placeholder_bits(plan.template_fmas).tolist()))
+    wrong = {bits: count for bits, count in sites.items() if count != 1}
+    if len(sites) != plan.template_fmas or wrong:
+        raise RewriteError(f"template keeps {len(sites)} of {plan.template_fmas} placeholders, "
+                           f"{len(wrong)} not exactly once: nvcc folded or duplicated weights")
+    cache.put(key, "ptx", ptx.encode())
+    return Template(ptx, key, seconds, False)
+
+
+def compile_conv(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None, relu: bool = False,
+                 has_bias: bool = True, max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMAS, jobs: int = 0,
+                 cache: Optional[DiskCache] = None) -> "CompiledConv":
+    """Compile the kernels of one layer.
+
+    weight: (K, C, R, S) float32 (tensor on any device, or array), zeros at pruned positions;
+    spec: the layer (its N is not compiled in: the kernels run any batch); config: None for the
+    first of `candidate_configs(spec)`; relu: fuse max(y, 0); has_bias: the kernels read a bias;
+    jobs: parallel slice compiles (0: one per CPU).
+    """
+    start = time.perf_counter()
+    config = config or candidate_configs(spec, max_kernel_fmas)[0]
+    cache = cache or DiskCache()
+    plan = make_plan(spec, config, relu, has_bias, max_kernel_fmas)
+    slices = _weight_slices(_as_array(weight, spec), plan)
+    report = CompileReport(config.mode, plan.n_slices, plan.template_fmas, smem_bytes=plan.smem_bytes)
+    if config.mode == "rewrite":
+        template = compile_template(plan, cache)
+        report.nvcc_s, report.cache_hits = template.nvcc_s, int(template.cached)
+        report.template_ptx_bytes = len(template.ptx.encode())
+        build = lambda w: _rewritten_slice(plan, template, w, cache)  # noqa: E731
+    else:
+        build = lambda w: _emitted_slice(plan, w, cache)  # noqa: E731
+    workers = max(1, min(len(slices), jobs or os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(build, slices))
+    for result in results:
+        _add(report, result)
+    report.compile_s = time.perf_counter() - start
+    return CompiledConv(plan, [result.cubin for result in results], report)
+
+
+def _as_array(weight, spec: ConvSpec) -> np.ndarray:
+    if isinstance(weight, torch.Tensor):
+        weight = weight.detach().to("cpu", torch.float32).numpy()
+    weight = np.ascontiguousarray(weight, dtype=np.float32)
+    if weight.shape != spec.weight_shape:
+        raise ValueError(f"weight shape {weight.shape} does not match the layer's {spec.weight_shape}")
+    if not np.isfinite(weight).all():
+        raise ValueError("weight has non-finite values; they cannot be compiled into immediates")
+    return weight
+
+
+def _weight_slices(weight: np.ndarray, plan: KernelPlan) -> List[np.ndarray]:
+    """(slice_k, C, R, S) per slice, channels past K zero."""
+    padded = np.zeros((plan.n_slices * plan.slice_k, *weight.shape[1:]), dtype=np.float32)
+    padded[:weight.shape[0]] = weight
+    return [padded[s * plan.slice_k:(s + 1) * plan.slice_k] for s in range(plan.n_slices)]
+
+
+def _cached_slice(cache: DiskCache, key: str) -> Optional[_Slice]:
+    cubin, meta = cache.get(key, "cubin"), cache.get(key, "json")
+    if cubin is None or meta is None:
+        return None
+    return _Slice(cubin, json.loads(meta), True)
+
+
+def _store_slice(cache: DiskCache, key: str, cubin: bytes, meta: dict) -> _Slice:
+    cache.put(key, "json", json.dumps(meta).encode())
+    cache.put(key, "cubin", cubin)  # last: a cubin on disk implies its metadata is there
+    return _Slice(cubin, meta, False)
+
+
+def _assemble(ptx: str) -> tuple:
+    cubin, info, seconds = toolchain.ptxas_cubin(ptx)
+    meta = dict(ptx_bytes=len(ptx.encode()), ptxas_s=seconds, **dataclasses.asdict(info))
+    return cubin, meta
+
+
+def _rewritten_slice(plan: KernelPlan, template: Template, weight: np.ndarray, cache: DiskCache) -> _Slice:
+    key = toolchain.cache_key("rewrite", template.key, weight.tobytes(), toolchain.toolchain_id())
+    found = _cached_slice(cache, key)
+    if found is not None:
+        return found
+    value_map = dict(zip(placeholder_bits(plan.template_fmas).tolist(), slot_weight_bits(plan, weight).tolist()))
+    ptx, stats = rewrite_ptx(template.ptx, value_map)
+    cubin, meta = _assemble(ptx)
+    meta.update(deleted=stats.deleted, kept=stats.kept, rewrite_s=stats.seconds, nvcc_s=0.0)
+    return _store_slice(cache, key, cubin, meta)
+
+
+def _emitted_slice(plan: KernelPlan, weight: np.ndarray, cache: DiskCache) -> _Slice:
+    source = kernel_source(plan, weight)
+    key = toolchain.cache_key("emit", source, toolchain.toolchain_id())
+    found = _cached_slice(cache, key)
+    if found is not None:
+        return found
+    ptx, nvcc_s = toolchain.nvcc_ptx(source)
+    cubin, meta = _assemble(ptx)
+    kept = int(np.count_nonzero(weight)) * plan.pixels
+    meta.update(deleted=plan.template_fmas - kept, kept=kept, rewrite_s=0.0, nvcc_s=nvcc_s)
+    return _store_slice(cache, key, cubin, meta)
+
+
+def _add(report: CompileReport, result: _Slice) -> None:
+    meta = result.meta
+    report.cache_hits += result.cached
+    report.fmas_deleted += meta["deleted"]
+    report.fmas_kept += meta["kept"]
+    report.ptx_bytes += meta["ptx_bytes"]
+    report.cubin_bytes += len(result.cubin)
+    for field in ("registers", "spill_stores", "spill_loads"):
+        setattr(report, field, max(getattr(report, field), meta[field]))
+    if not result.cached:
+        report.nvcc_s += meta["nvcc_s"]
+        report.rewrite_s += meta["rewrite_s"]
+        report.ptxas_s += meta["ptxas_s"]
+
+
+class CompiledConv:
+    """The kernels of one layer: call with x (N, C, H, W) float32 CUDA -> y (N, K, P, Q) float32.
+
+    Slices run one after another on torch's current stream (CUDA-graph capturable once loaded: the
+    first call on a device loads the modules, so make it outside capture). Odd slices walk the
+    blocks backwards to start on the input the previous slice left in L2.
+    """
+
+    def __init__(self, plan: KernelPlan, cubins: Sequence[bytes], report: CompileReport):
+        self.plan, self.cubins, self.report = plan, list(cubins), report
+        self._kernels: Dict[int, list] = {}
+        self._lock = threading.Lock()
+
+    def kernels(self, device_index: int) -> list:
+        """The loaded slice kernels on one device (loaded on first use)."""
+        with self._lock:
+            if device_index not in self._kernels:
+                capability = torch.cuda.get_device_capability(device_index)
+                if capability != (9, 0):
+                    raise RuntimeError(f"codegen builds sm_{toolchain.ARCH} cubins; device {device_index} is "
+                                       f"sm_{capability[0]}{capability[1]}")
+                from .loader import load_kernel
+
+                self._kernels[device_index] = [load_kernel(cubin, KERNEL_NAME, device_index) for cubin in self.cubins]
+            return self._kernels[device_index]
+
+    def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """y = conv(x) + bias (ReLU'd if compiled so); every element of `out` (or a new tensor) is written."""
+        spec, plan = self.plan.spec, self.plan
+        if x.device.type != "cuda" or x.dtype != torch.float32:
+            raise TypeError(f"codegen kernels take float32 CUDA input, got {x.dtype} on {x.device}")
+        if x.dim() != 4 or tuple(x.shape[1:]) != (spec.C, spec.H, spec.W):
+            raise ValueError(f"input shape {tuple(x.shape)} does not match the compiled (N, {spec.C}, {spec.H}, "
+                             f"{spec.W})")
+        if (bias is not None) != plan.has_bias:
+            raise ValueError(f"kernels compiled with has_bias={plan.has_bias}, called with bias "
+                             f"{'given' if bias is not None else 'None'}")
+        n = x.shape[0]
+        shape = (n, spec.K, spec.P, spec.Q)
+        if out is None:
+            y = torch.empty(shape, device=x.device, dtype=torch.float32)
+        elif tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous() \
+                or out.device != x.device:
+            raise ValueError(f"out must be a contiguous float32 {shape} tensor on {x.device}")
+        else:
+            y = out
+        grid = plan.grid(n)
+        if n == 0:
+            return y
+        if grid[1] > 65535:
+            raise ValueError(f"batch {n} needs {grid[1]} blocks in grid y (max 65535); raise bn")
+        x = x.contiguous()
+        bias_ptr = 0
+        if bias is not None:
+            bias = bias.to(device=x.device, dtype=torch.float32).contiguous()
+            bias_ptr = bias.data_ptr()
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        with torch.cuda.device(x.device):  # makes the device's primary context current for the driver calls
+            for index, kernel in enumerate(self.kernels(x.device.index)):
+                kernel.launch(grid, plan.block(), (x.data_ptr(), bias_ptr, y.data_ptr()),
+                              (n, index * plan.slice_k, index % 2), stream)
+        return y
