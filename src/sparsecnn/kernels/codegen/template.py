@@ -39,6 +39,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 
 from ...layers import ConvSpec
+from ..configs import config_from_dict
 
 KERNEL_NAME = "sparsecnn_codegen_conv"
 MODES = ("rewrite", "emit")
@@ -103,11 +104,8 @@ class CodegenConfig:
 
     @classmethod
     def from_dict(cls, saved: dict) -> "CodegenConfig":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(saved) - fields
-        if unknown:
-            raise ValueError(f"CodegenConfig.from_dict: unknown fields {sorted(unknown)}")
-        return cls(**saved)
+        """Rebuild from `dataclasses.asdict` output (unknown keys are an error)."""
+        return config_from_dict(cls, saved)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,7 +359,7 @@ class _Generator:
 
     def _prologue(self) -> None:
         p, s, c = self.plan, self.spec, self.cfg
-        (in_h, in_w), (tile_p, tile_q), (_, tiles_q) = p.in_tile, p.tile, p.tiles
+        (_, in_w), (tile_p, tile_q), (_, tiles_q) = p.in_tile, p.tile, p.tiles
         sh, sw = s.stride
         ph, pw = s.padding
         mode = "template" if self.bits is None else "emit"

@@ -60,6 +60,7 @@ import triton.language as tl
 from ...formats import expand_offsets
 from ...formats.blocks import BlockDecomposition, BlockParams, extract_blocks
 from ...layers import ConvSpec
+from ..configs import check_pow2_field, config_from_dict, pow2_at_least
 
 PRECISIONS = ("ieee", "tf32")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -146,12 +147,6 @@ def _blocks_conv_kernel(
 
 # --- config -------------------------------------------------------------------------------------
 
-def _is_pow2(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
-
-
-def _pow2_at_least(value: int) -> int:
-    return 1 << max(0, int(value) - 1).bit_length()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,10 +173,10 @@ class BlocksConfig:
     def __post_init__(self):
         if not isinstance(self.t2, int) or isinstance(self.t2, bool) or self.t2 < 1:
             raise ValueError(f"BlocksConfig.t2 must be an int >= 1, got {self.t2!r}")
-        _check_pow2_field("block_m", self.block_m, 16, 128)
-        _check_pow2_field("block_n", self.block_n, 16, 256)
-        _check_pow2_field("block_kred", self.block_kred, 16, 64)
-        _check_pow2_field("num_warps", self.num_warps, 1, 8)
+        check_pow2_field("BlocksConfig", "block_m", self.block_m, 16, 128)
+        check_pow2_field("BlocksConfig", "block_n", self.block_n, 16, 256)
+        check_pow2_field("BlocksConfig", "block_kred", self.block_kred, 16, 64)
+        check_pow2_field("BlocksConfig", "num_warps", self.num_warps, 1, 8)
         if not isinstance(self.num_stages, int) or isinstance(self.num_stages, bool) or not 1 <= self.num_stages <= 5:
             raise ValueError(f"BlocksConfig.num_stages must be an int in 1..5, got {self.num_stages!r}")
         if self.precision not in PRECISIONS:
@@ -199,15 +194,8 @@ class BlocksConfig:
     @classmethod
     def from_dict(cls, saved: dict) -> "BlocksConfig":
         """Rebuild from `dataclasses.asdict` output (unknown keys are an error)."""
-        unknown = set(saved) - {field.name for field in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"BlocksConfig.from_dict: unknown keys {sorted(unknown)}")
-        return cls(**saved)
+        return config_from_dict(cls, saved)
 
-
-def _check_pow2_field(name: str, value, low: int, high: int) -> None:
-    if not _is_pow2(value) or not low <= value <= high:
-        raise ValueError(f"BlocksConfig.{name} must be a power of two in {low}..{high}, got {value!r}")
 
 
 _T2_VALUES = (4, 8, 12, 16)  # the paper tunes t2 over these (Sec. 6.2)
@@ -232,7 +220,7 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32,
     if dtype != torch.float32:
         precision = "ieee"
     t2 = 12 if dtype == torch.float32 and precision == "ieee" else 8
-    channels = max(16, _pow2_at_least(spec.K))
+    channels = max(16, pow2_at_least(spec.K))
 
     def sized(t2_value: int, block_m: int, block_n: int, num_warps: int) -> BlocksConfig:
         return BlocksConfig(t2_value, min(block_m, channels), block_n, 32, num_warps, 3, precision)

@@ -48,6 +48,7 @@ import triton.language as tl
 
 from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
+from ..configs import check_pow2_field, config_from_dict, pow2_at_least
 
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
 VARIANTS = ("chunk", "ell", "csr")
@@ -179,12 +180,6 @@ def _direct_chunk_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & img_ok[None, :])
 
 
-def _is_pow2(value) -> bool:
-    return isinstance(value, int) and value > 0 and value & (value - 1) == 0
-
-
-def _pow2_at_least(value: int) -> int:
-    return 1 << max(0, int(value) - 1).bit_length()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,15 +203,15 @@ class DirectConfig:
     chunk: int = 8
 
     def __post_init__(self):
-        _check_pow2_field("block_pix", self.block_pix, 16, 1024)
-        _check_pow2_field("block_k", self.block_k, 1, 64)
-        _check_pow2_field("sub_batch", self.sub_batch, 1, 8)
-        _check_pow2_field("num_warps", self.num_warps, 1, 8)
+        check_pow2_field("DirectConfig", "block_pix", self.block_pix, 16, 1024)
+        check_pow2_field("DirectConfig", "block_k", self.block_k, 1, 64)
+        check_pow2_field("DirectConfig", "sub_batch", self.sub_batch, 1, 8)
+        check_pow2_field("DirectConfig", "num_warps", self.num_warps, 1, 8)
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 4:
             raise ValueError(f"DirectConfig.num_stages must be an int in 1..4, got {self.num_stages!r}")
         if self.variant not in VARIANTS:
             raise ValueError(f"DirectConfig.variant must be one of {VARIANTS}, got {self.variant!r}")
-        _check_pow2_field("chunk", self.chunk, 4, 32)
+        check_pow2_field("DirectConfig", "chunk", self.chunk, 4, 32)
         if self.variant == "chunk" and self.block_k != 1:
             raise ValueError(f"DirectConfig.block_k must be 1 for variant 'chunk', got {self.block_k}")
         per_thread = self.block_k * self.sub_batch * self.block_pix // (32 * self.num_warps)
@@ -228,15 +223,8 @@ class DirectConfig:
     @classmethod
     def from_dict(cls, saved: dict) -> "DirectConfig":
         """Rebuild from `dataclasses.asdict` output (unknown keys are an error)."""
-        unknown = set(saved) - {field.name for field in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"DirectConfig.from_dict: unknown keys {sorted(unknown)}")
-        return cls(**saved)
+        return config_from_dict(cls, saved)
 
-
-def _check_pow2_field(name: str, value, low: int, high: int) -> None:
-    if not _is_pow2(value) or not low <= value <= high:
-        raise ValueError(f"DirectConfig.{name} must be a power of two in {low}..{high}, got {value!r}")
 
 
 _TARGET_PROGRAMS = 1024  # ~8 per SM on a 132-SM H100/H200: fills the machine, evens out the tail
@@ -248,15 +236,15 @@ def _warps_for(tile: int, block_k: int, acc_per_thread: int) -> int:
     The latter keeps Triton loading a step's block_k weights in the broadcast layout (each thread
     holds all of them); a vector as large as the thread count goes through shared memory instead.
     """
-    return min(8, max(1, tile // (32 * acc_per_thread), _pow2_at_least(block_k) // 16))
+    return min(8, max(1, tile // (32 * acc_per_thread), pow2_at_least(block_k) // 16))
 
 
 def _sized(spec: ConvSpec, block_pix: int, block_k: int, sub_batch: int, variant: str,
            acc_per_thread: int = 32) -> DirectConfig:
     """A valid config near the given sizes: clamped to the layer, with num_warps from `_warps_for`."""
-    block_pix = min(max(block_pix, 16), 1024, max(16, _pow2_at_least(spec.P * spec.Q)))
-    block_k = min(max(block_k, 1), 64, _pow2_at_least(spec.K))
-    sub_batch = min(max(sub_batch, 1), 8, _pow2_at_least(max(spec.N, 1)))
+    block_pix = min(max(block_pix, 16), 1024, max(16, pow2_at_least(spec.P * spec.Q)))
+    block_k = min(max(block_k, 1), 64, pow2_at_least(spec.K))
+    sub_batch = min(max(sub_batch, 1), 8, pow2_at_least(max(spec.N, 1)))
     while block_pix * block_k * sub_batch > 32 * 8 * _MAX_ACC_PER_THREAD:  # too big even at 8 warps
         if sub_batch > 1:
             sub_batch //= 2
@@ -278,9 +266,9 @@ def _default_sizes(spec: ConvSpec) -> Tuple[int, int, int]:
     image) lanes; 16 channels (L1 reuse of the input tile, see the module docstring). Layers too
     small to give `_TARGET_PROGRAMS` programs shrink the channel block (to 4), then the sub-batch.
     """
-    block_pix = min(128, max(16, _pow2_at_least(spec.P * spec.Q)))
-    sub_batch = min(8, max(1, 256 // block_pix), _pow2_at_least(max(spec.N, 1)))
-    block_k = min(16, _pow2_at_least(spec.K))
+    block_pix = min(128, max(16, pow2_at_least(spec.P * spec.Q)))
+    sub_batch = min(8, max(1, 256 // block_pix), pow2_at_least(max(spec.N, 1)))
+    block_k = min(16, pow2_at_least(spec.K))
     while block_k > 4 and _num_programs(spec, block_pix, block_k, sub_batch) < _TARGET_PROGRAMS:
         block_k //= 2
     while sub_batch > 1 and _num_programs(spec, block_pix, block_k, sub_batch) < _TARGET_PROGRAMS:
@@ -290,8 +278,8 @@ def _default_sizes(spec: ConvSpec) -> Tuple[int, int, int]:
 
 def _chunked(spec: ConvSpec, block_pix: int, sub_batch: int, chunk: int, acc_per_thread: int) -> DirectConfig:
     """A valid "chunk" config: tile clamped to the layer, num_warps for ~acc_per_thread accumulators."""
-    block_pix = min(max(block_pix, 16), 1024, max(16, _pow2_at_least(spec.P * spec.Q)))
-    sub_batch = min(max(sub_batch, 1), 8, _pow2_at_least(max(spec.N, 1)))
+    block_pix = min(max(block_pix, 16), 1024, max(16, pow2_at_least(spec.P * spec.Q)))
+    sub_batch = min(max(sub_batch, 1), 8, pow2_at_least(max(spec.N, 1)))
     num_warps = min(8, max(1, block_pix * sub_batch // (32 * acc_per_thread)))
     return DirectConfig(block_pix, 1, sub_batch, num_warps, 1, "chunk", chunk)
 

@@ -1,0 +1,30 @@
+"""Helpers for kernel configs: frozen dataclasses validated where they are declared."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Type, TypeVar
+
+Config = TypeVar("Config")
+
+
+def is_pow2(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
+
+
+def pow2_at_least(value: int) -> int:
+    """The smallest power of two >= value (1 for value <= 1)."""
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+def check_pow2_field(owner: str, name: str, value, low: int, high: int) -> None:
+    """ValueError naming `owner.name` unless `value` is a power of two in low..high."""
+    if not is_pow2(value) or not low <= value <= high:
+        raise ValueError(f"{owner}.{name} must be a power of two in {low}..{high}, got {value!r}")
+
+
+def config_from_dict(cls: Type[Config], saved: dict) -> Config:
+    """Rebuild a config dataclass from `dataclasses.asdict` output (unknown keys are an error)."""
+    unknown = set(saved) - {field.name for field in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"{cls.__name__}.from_dict: unknown keys {sorted(unknown)}")
+    return cls(**saved)
