@@ -1,6 +1,16 @@
 """Shared fixtures: seeded RNG, the `gpu` marker's skip, sparse weights that are never all zero."""
+import os
+
 import pytest
 import torch
+
+# Triton reads TRITON_INTERPRET when first imported: CPU runs of its kernels need it set beforehand.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+needs_interpreter = pytest.mark.skipif(
+    not INTERPRET, reason="CPU runs of the Triton kernel need TRITON_INTERPRET=1 in the environment "
+                          "before triton is imported (the GPU variants of these tests run without it)")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET,
+                                reason="needs a CUDA GPU and TRITON_INTERPRET unset")
 
 
 def pytest_collection_modifyitems(config, items):

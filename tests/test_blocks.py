@@ -13,19 +13,14 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import INTERPRET, needs_cuda, needs_interpreter
 from sparsecnn.backends import get_backend
 from sparsecnn.formats import BlockParams, extract_blocks
 from sparsecnn.kernels.reference import reference_conv, relative_error
 from sparsecnn.layers import ConvSpec
 from sparsecnn.nn import SparseConv2d
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
-needs_interpreter = pytest.mark.skipif(
-    not INTERPRET, reason="CPU runs of the Triton kernel need TRITON_INTERPRET=1 in the environment "
-                          "before triton is imported (the GPU variants of these tests run without it)")
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET,
-                                reason="needs a CUDA GPU and TRITON_INTERPRET unset")
 
 if INTERPRET or torch.cuda.is_available():
     kernels = pytest.importorskip("sparsecnn.kernels.triton.blocks_conv")

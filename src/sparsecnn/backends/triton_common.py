@@ -5,20 +5,16 @@ Triton decides at import whether kernels run compiled or in its CPU interpreter
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 
+from ..kernels.configs import interpreting
 from ..layers import ConvSpec
 
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 class TritonDtypes(Mapping):

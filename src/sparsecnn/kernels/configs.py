@@ -1,8 +1,12 @@
-"""Helpers for kernel configs: frozen dataclasses validated where they are declared."""
+"""Helpers shared by kernels: config validation and launcher argument checks.
+
+Imports neither triton nor CUDA, so backends may use it at `import sparsecnn` time.
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import Type, TypeVar
+import os
+from typing import Tuple, Type, TypeVar
 
 Config = TypeVar("Config")
 
@@ -28,3 +32,16 @@ def config_from_dict(cls: Type[Config], saved: dict) -> Config:
     if unknown:
         raise ValueError(f"{cls.__name__}.from_dict: unknown keys {sorted(unknown)}")
     return cls(**saved)
+
+
+def interpreting() -> bool:
+    """True when TRITON_INTERPRET asks Triton to run kernels on CPU tensors (its interpreter)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def int_pair(value, name: str) -> Tuple[int, int]:
+    """An int or a pair of ints as a pair; ValueError naming `name` otherwise."""
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+    return pair

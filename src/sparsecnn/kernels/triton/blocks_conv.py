@@ -48,7 +48,6 @@ int32: the launcher splits a batch whose input or output would overflow them int
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -60,7 +59,7 @@ import triton.language as tl
 from ...formats import expand_offsets
 from ...formats.blocks import BlockDecomposition, BlockParams, extract_blocks
 from ...layers import ConvSpec
-from ..configs import check_pow2_field, config_from_dict, pow2_at_least
+from ..configs import check_pow2_field, config_from_dict, int_pair, interpreting, pow2_at_least
 
 PRECISIONS = ("ieee", "tf32")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -430,15 +429,6 @@ def _plan_stats(tiles: List[_Tile], decomposition: BlockDecomposition) -> Dict[s
 
 # --- launcher ---------------------------------------------------------------------------------
 
-def _pair(value, name: str) -> Tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
-        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
-    return pair
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 def _check_operands(x: torch.Tensor, weight: BlocksWeight, bias: Optional[torch.Tensor],
@@ -447,7 +437,7 @@ def _check_operands(x: torch.Tensor, weight: BlocksWeight, bias: Optional[torch.
         raise ValueError(f"x must be a 4-D (N, C, H, W) tensor, got {tuple(getattr(x, 'shape', ()))}")
     if x.dtype not in _DTYPES:
         raise TypeError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
-    if x.device.type != "cuda" and not (x.device.type == "cpu" and _interpreting()):
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
         raise ValueError(f"x is on {x.device}: the blocks kernel needs CUDA (or CPU with TRITON_INTERPRET=1)")
     if not isinstance(weight, BlocksWeight):
         raise TypeError(f"weight must be a BlocksWeight, got {type(weight).__name__}")
@@ -486,7 +476,7 @@ def blocks_conv2d(x: torch.Tensor, weight: BlocksWeight, bias: Optional[torch.Te
     match the weight's. out: optional contiguous (N, K, P, Q) tensor of x's dtype.
     Returns (N, K, P, Q) contiguous, x's dtype.
     """
-    (sh, sw), (ph, pw) = _pair(stride, "stride"), _pair(padding, "padding")
+    (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
     if min(sh, sw) < 1 or min(ph, pw) < 0:
         raise ValueError(f"stride must be >= 1 and padding >= 0, got stride={stride!r} padding={padding!r}")
     if config is None and isinstance(weight, BlocksWeight):

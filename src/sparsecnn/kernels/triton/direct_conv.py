@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -48,7 +47,7 @@ import triton.language as tl
 
 from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
-from ..configs import check_pow2_field, config_from_dict, pow2_at_least
+from ..configs import check_pow2_field, config_from_dict, int_pair, interpreting, pow2_at_least
 
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
 VARIANTS = ("chunk", "ell", "csr")
@@ -308,15 +307,6 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> Lis
     return list(dict.fromkeys(configs))
 
 
-def _pair(value, name: str) -> Tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
-        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
-    return pair
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 def _check_x(x: torch.Tensor) -> None:
@@ -324,7 +314,7 @@ def _check_x(x: torch.Tensor) -> None:
         raise ValueError(f"x must be a 4-D (N, C, H, W) tensor, got {tuple(getattr(x, 'shape', ()))}")
     if x.dtype not in _DTYPES:
         raise TypeError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
-    if x.device.type != "cuda" and not (x.device.type == "cpu" and _interpreting()):
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
         raise ValueError(f"x is on {x.device}: the direct kernel needs CUDA (or CPU with TRITON_INTERPRET=1)")
 
 
@@ -398,7 +388,7 @@ def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Te
     tensor of x's dtype to write into. Returns (N, K, P, Q) contiguous, x's dtype.
     `config` None: the default for this layer and the weight's variant.
     """
-    (sh, sw), (ph, pw) = _pair(stride, "stride"), _pair(padding, "padding")
+    (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
     if min(sh, sw) < 1 or min(ph, pw) < 0:
         raise ValueError(f"stride must be >= 1 and padding >= 0, got stride={stride!r} padding={padding!r}")
     _check_x(x)
