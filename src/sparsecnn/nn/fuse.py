@@ -1,0 +1,279 @@
+"""Inference graph simplification with torch.fx.
+
+`fold_batchnorm` folds each eval-mode BatchNorm into the conv before it. `prepare_for_inference` also
+swaps every conv for a `SparseConv2d` (backend "dense") and fuses the ReLU and residual add that
+follow it into the layer's epilogue (`activation="relu"`, `forward(x, residual=...)`), so a sparse
+backend can apply them while its output tile is still in registers.
+"""
+from __future__ import annotations
+
+import copy
+import operator
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from ..prune import absorb_torch_prune_
+from .sparse_conv import SparseConv2d
+
+Masks = Dict[str, torch.Tensor]
+
+_BATCHNORM_OF = {nn.Conv1d: nn.BatchNorm1d, nn.Conv2d: nn.BatchNorm2d}
+_RELU_FUNCTIONS = (F.relu, torch.relu, torch.relu_)
+_RELU_METHODS = ("relu", "relu_")
+_ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
+_ADD_METHODS = ("add", "add_")
+_INPLACE_ADDS = (operator.iadd, "add_")
+
+
+@dataclass
+class FuseReport:
+    """What the graph passes changed; every name is a conv's module path in the original model."""
+
+    folded_batchnorms: Dict[str, str] = field(default_factory=dict)  # conv -> BatchNorm folded into it
+    fused_relus: List[str] = field(default_factory=list)  # convs that now end in activation="relu"
+    fused_adds: List[str] = field(default_factory=list)  # convs that now take the residual add
+
+    def summary(self) -> str:
+        return (f"{len(self.folded_batchnorms)} BatchNorms folded, {len(self.fused_relus)} ReLUs and "
+                f"{len(self.fused_adds)} residual adds fused")
+
+
+class _Tracer(fx.Tracer):
+    """Keeps `SparseConv2d` a leaf, so models that already hold some trace too."""
+
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        return isinstance(module, SparseConv2d) or super().is_leaf_module(module, qualified_name)
+
+
+def _inference_copy(model: nn.Module) -> tuple[nn.Module, Masks]:
+    """An eval-mode deep copy of `model` with `torch.nn.utils.prune` made permanent, and its masks."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    # A pruned `weight` is a non-leaf tensor, which deepcopy refuses; the copy recomputes it anyway.
+    memo = {id(module.weight): module.weight.detach()
+            for module in model.modules() if hasattr(module, "weight_orig")}
+    model = copy.deepcopy(model, memo).eval()
+    return model, absorb_torch_prune_(model)
+
+
+def _trace(model: nn.Module) -> fx.GraphModule:
+    try:
+        graph = _Tracer().trace(model)
+    except Exception as error:  # tracing failures come as TraceError, TypeError, RuntimeError, ...
+        raise ValueError(f"model must be traceable by torch.fx; tracing {type(model).__name__} failed: "
+                         f"{error}") from error
+    return fx.GraphModule(model, graph, type(model).__name__)
+
+
+def _module(gm: fx.GraphModule, node) -> Optional[nn.Module]:
+    """The module `node` calls, or None if it is not a call_module node."""
+    if isinstance(node, fx.Node) and node.op == "call_module":
+        return gm.get_submodule(node.target)
+    return None
+
+
+def _module_calls(gm: fx.GraphModule) -> Counter:
+    """How many call sites each module has: a module called twice shares its weights and activation."""
+    return Counter(node.target for node in gm.graph.nodes if node.op == "call_module")
+
+
+@torch.no_grad()
+def _fold_into(conv: nn.Module, bn: nn.Module) -> None:
+    """conv.weight *= s and conv.bias = beta + (bias - mean) * s per output channel, with
+    s = gamma / sqrt(running_var + eps), computed in float64 and stored in the weight's dtype."""
+    mean, var = bn.running_mean.double(), bn.running_var.double()
+    gamma = torch.ones_like(var) if bn.weight is None else bn.weight.double()
+    beta = torch.zeros_like(var) if bn.bias is None else bn.bias.double()
+    bias = torch.zeros_like(mean) if conv.bias is None else conv.bias.double()
+    scale = gamma / torch.sqrt(var + bn.eps)
+    dtype = conv.weight.dtype
+    weight = conv.weight.double() * scale.reshape(-1, *[1] * (conv.weight.dim() - 1))
+    conv.weight = nn.Parameter(weight.to(dtype))
+    conv.bias = nn.Parameter((beta + (bias - mean) * scale).to(dtype))
+
+
+def _fold_batchnorms(gm: fx.GraphModule) -> Dict[str, str]:
+    """Fold every eval-mode BatchNorm whose input is a conv output used by nothing else."""
+    calls, folded = _module_calls(gm), {}
+    for bn_node in list(gm.graph.nodes):
+        bn = _module(gm, bn_node)
+        if bn is None or len(bn_node.args) != 1 or bn_node.kwargs:
+            continue
+        conv_node = bn_node.args[0]
+        conv = _module(gm, conv_node)
+        if (conv is None or type(bn) is not _BATCHNORM_OF.get(type(conv)) or bn.running_mean is None
+                or len(conv_node.users) != 1 or calls[conv_node.target] != 1):
+            continue
+        _fold_into(conv, bn)
+        bn_node.replace_all_uses_with(conv_node)
+        gm.graph.erase_node(bn_node)
+        folded[conv_node.target] = bn_node.target
+    return folded
+
+
+def _finish(gm: fx.GraphModule, report: FuseReport) -> fx.GraphModule:
+    gm.graph.lint()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    gm.fuse_report = report
+    return gm.eval()
+
+
+def fold_batchnorm(model: nn.Module) -> fx.GraphModule:
+    """`model` traced by torch.fx in eval mode, every BatchNorm1d/2d that follows a Conv1d/Conv2d folded
+    into the conv's weight and bias (per output channel, so pruned zeros stay zeros).
+
+    A BatchNorm is folded when its input is the output of a conv called once and used by nothing else,
+    and it has running statistics. `torch.nn.utils.prune` reparametrisations are made permanent first.
+    `model` is not modified. The result's `fuse_report` (a `FuseReport`) lists the folds.
+    """
+    model, _ = _inference_copy(model)
+    gm = _trace(model)
+    return _finish(gm, FuseReport(folded_batchnorms=_fold_batchnorms(gm)))
+
+
+def _conv_masks(gm: fx.GraphModule, masks: Masks, pruned: Masks) -> Masks:
+    """{conv path: bool mask} for every Conv1d/Conv2d the graph calls: `masks[path]` if given, else
+    the `torch.nn.utils.prune` mask, else the weight's non-zeros (taken before any BatchNorm fold)."""
+    found = {}
+    for node in gm.graph.nodes:
+        conv = _module(gm, node)
+        if type(conv) in _BATCHNORM_OF:
+            mask = masks.get(node.target, pruned.get(node.target))
+            found[node.target] = conv.weight.detach() != 0 if mask is None else mask
+    return found
+
+
+def _to_sparse(gm: fx.GraphModule, masks: Masks) -> None:
+    for name, mask in masks.items():
+        try:
+            layer = SparseConv2d.from_dense(gm.get_submodule(name), "dense", mask)
+        except ValueError as error:
+            raise ValueError(f"conv {name!r} cannot become a SparseConv2d: {error}") from error
+        parent, _, child = name.rpartition(".")
+        setattr(gm.get_submodule(parent), child, layer)
+
+
+def _fusable(gm: fx.GraphModule, node, calls: Counter, *, residual_allowed: bool) -> bool:
+    """Whether `node` is the only use of a once-called `SparseConv2d` with no epilogue yet."""
+    layer = _module(gm, node)
+    return (isinstance(layer, SparseConv2d) and layer.activation == "none" and calls[node.target] == 1
+            and len(node.users) == 1 and len(node.args) == 1
+            and set(node.kwargs) <= ({"residual"} if residual_allowed else set()))
+
+
+def _add_operands(node: fx.Node) -> List[tuple]:
+    """(conv candidate, residual) pairs of a tensor + tensor add, in operand order (`out + identity`
+    fuses into `out`'s conv when it can). An in-place add offers only its first operand: fusing the
+    second would drop the mutation of the first."""
+    is_add = ((node.op == "call_function" and node.target in _ADD_FUNCTIONS)
+              or (node.op == "call_method" and node.target in _ADD_METHODS))
+    if not is_add or len(node.args) != 2 or node.kwargs:
+        return []
+    first, second = node.args
+    if not (isinstance(first, fx.Node) and isinstance(second, fx.Node)) or first is second:
+        return []
+    return [(first, second)] if node.target in _INPLACE_ADDS else [(first, second), (second, first)]
+
+
+def _same_shape(first: fx.Node, second: fx.Node) -> bool:
+    """True without ShapeProp metadata (no example inputs); with it, whether both nodes are tensors of
+    one shape and dtype (an add of any other pair broadcasts or promotes)."""
+    metas = [node.meta.get("tensor_meta") for node in (first, second)]
+    if any(meta is None for meta in metas):
+        return not any(metas)
+    return metas[0].shape == metas[1].shape and metas[0].dtype == metas[1].dtype
+
+
+def _nodes_between(first: fx.Node, last: fx.Node) -> List[fx.Node]:
+    nodes, node = [], first.next
+    while node is not last:
+        nodes.append(node)
+        node = node.next
+    return nodes
+
+
+def _residual_ready(gm: fx.GraphModule, conv: fx.Node, add: fx.Node, residual: fx.Node) -> bool:
+    """Whether `conv` can take `residual`: it is computed before `conv`, or `conv` may run later, just
+    before `add`, because every node in between is a module call that leaves its inputs alone."""
+    between = _nodes_between(conv, add)
+    if residual not in between:
+        return True
+    return all(node.op == "call_module" and not getattr(_module(gm, node), "inplace", False)
+               for node in between)
+
+
+def _fuse_adds(gm: fx.GraphModule) -> List[str]:
+    """conv -> add(conv, other) becomes conv(x, residual=other)."""
+    calls, fused = _module_calls(gm), []
+    for add in list(gm.graph.nodes):
+        for conv, residual in _add_operands(add):
+            if (_fusable(gm, conv, calls, residual_allowed=False) and _same_shape(conv, residual)
+                    and _residual_ready(gm, conv, add, residual)):
+                conv.kwargs = {"residual": residual}
+                add.prepend(conv)  # a no-op unless the residual is computed after the conv
+                add.replace_all_uses_with(conv)
+                gm.graph.erase_node(add)
+                fused.append(conv.target)
+                break
+    return fused
+
+
+def _is_relu(gm: fx.GraphModule, node: fx.Node) -> bool:
+    return bool(node.args) and (isinstance(_module(gm, node), nn.ReLU)
+                                or (node.op == "call_function" and node.target in _RELU_FUNCTIONS)
+                                or (node.op == "call_method" and node.target in _RELU_METHODS))
+
+
+def _fuse_relus(gm: fx.GraphModule) -> List[str]:
+    """conv [with residual] -> relu becomes conv with activation="relu"."""
+    calls, fused = _module_calls(gm), []
+    for relu in list(gm.graph.nodes):
+        conv = relu.args[0] if _is_relu(gm, relu) else None
+        if conv is not None and _fusable(gm, conv, calls, residual_allowed=True):
+            gm.get_submodule(conv.target).activation = "relu"
+            relu.replace_all_uses_with(conv)
+            gm.graph.erase_node(relu)
+            fused.append(conv.target)
+    return fused
+
+
+def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
+                          example_inputs: Optional[Sequence[torch.Tensor]] = None) -> fx.GraphModule:
+    """`model` traced by torch.fx for inference: BatchNorms folded (`fold_batchnorm`), every called
+    Conv1d/Conv2d replaced by a `SparseConv2d` (backend "dense") under its own module path, and the ReLU
+    and residual add after each conv fused into it (act(conv(x) + bias + residual)).
+
+    masks: {conv path in `model`: bool mask of the weight's shape}; a conv without one uses its
+    `torch.nn.utils.prune` mask, else its weight's non-zeros. Entries for other modules (e.g. a Linear
+    `fc`) are ignored. example_inputs: when given, the model is run once on them and an add is fused only
+    where both operands have the same shape and dtype; otherwise every tensor + tensor add after a conv
+    is taken to be a residual of the conv output's shape (SparseConv2d rejects any other at run time).
+    A conv, add or ReLU fuses only when the conv module is called once and its output has no other use.
+    `model` is not modified; the result's `fuse_report` (a `FuseReport`) lists what changed.
+    """
+    model, pruned = _inference_copy(model)
+    masks = dict(masks or {})
+    unknown = sorted(set(masks) - {name for name, _ in model.named_modules()})
+    if unknown:
+        raise ValueError(f"masks has entries for modules that model lacks: {', '.join(unknown)}")
+    gm = _trace(model)
+    conv_masks = _conv_masks(gm, masks, pruned)
+    report = FuseReport(folded_batchnorms=_fold_batchnorms(gm))
+    if example_inputs is not None:
+        with torch.no_grad():
+            ShapeProp(gm).propagate(*_as_tuple(example_inputs))
+    _to_sparse(gm, conv_masks)
+    report.fused_adds = _fuse_adds(gm)
+    report.fused_relus = _fuse_relus(gm)
+    return _finish(gm, report)
+
+
+def _as_tuple(example_inputs) -> tuple:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
