@@ -173,17 +173,6 @@ def test_unknown_mask_name_is_rejected():
         prepare_for_inference(build_model("lenet5"), masks={"layer9.conv": torch.ones(1, dtype=torch.bool)})
 
 
-def test_torch_prune_mask_is_used():
-    model = _randomise_batchnorms(build_model("resnet18-cifar")).eval()
-    torch_prune.l1_unstructured(model.layer1[0].conv1, "weight", amount=0.5)
-    mask = model.layer1[0].conv1.weight_mask.bool()
-    gm = prepare_for_inference(model)
-    assert torch.equal(gm.get_submodule("layer1.0.conv1").mask, mask)
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        assert relative_error(gm(x), model(x)) < 1e-5
-
-
 RELUS = {
     "module": lambda self, y: self.relu(y),
     "functional": lambda self, y: F.relu(y),
@@ -236,6 +225,17 @@ def test_every_relu_and_add_spelling_is_fused(relu, add):
     assert gm.fuse_report.fused_relus == ["conv_a", absorbing]
     assert gm.fuse_report.fused_adds == [absorbing]
     assert gm.get_submodule(absorbing).activation == "relu" and gm.get_submodule(other).activation == "none"
+    x = torch.randn(2, 4, 7, 7)
+    with torch.no_grad():
+        assert relative_error(gm(x), model(x)) < 1e-5
+
+
+def test_torch_prune_mask_is_used():
+    model = _randomise_batchnorms(ConvAddRelu(RELUS["module"], ADDS["operator"])).eval()
+    torch_prune.l1_unstructured(model.conv_b, "weight", amount=0.5)
+    mask = model.conv_b.weight_mask.bool()
+    gm = prepare_for_inference(model)
+    assert torch.equal(gm.conv_b.mask, mask) and gm.fuse_report.fused_adds == ["conv_b"]
     x = torch.randn(2, 4, 7, 7)
     with torch.no_grad():
         assert relative_error(gm(x), model(x)) < 1e-5

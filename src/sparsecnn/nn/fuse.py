@@ -86,14 +86,16 @@ def _module_calls(gm: fx.GraphModule) -> Counter:
 @torch.no_grad()
 def _fold_into(conv: nn.Module, bn: nn.Module) -> None:
     """conv.weight *= s and conv.bias = beta + (bias - mean) * s per output channel, with
-    s = gamma / sqrt(running_var + eps), computed in float64 and stored in the weight's dtype."""
+    s = gamma / sqrt(running_var + eps) in float64; the weight is scaled in at least float32 (one
+    rounding per element) and both are stored in the weight's dtype."""
     mean, var = bn.running_mean.double(), bn.running_var.double()
     gamma = torch.ones_like(var) if bn.weight is None else bn.weight.double()
     beta = torch.zeros_like(var) if bn.bias is None else bn.bias.double()
     bias = torch.zeros_like(mean) if conv.bias is None else conv.bias.double()
     scale = gamma / torch.sqrt(var + bn.eps)
     dtype = conv.weight.dtype
-    weight = conv.weight.double() * scale.reshape(-1, *[1] * (conv.weight.dim() - 1))
+    compute = torch.promote_types(dtype, torch.float32)
+    weight = conv.weight.to(compute) * scale.to(compute).reshape(-1, *[1] * (conv.weight.dim() - 1))
     conv.weight = nn.Parameter(weight.to(dtype))
     conv.bias = nn.Parameter((beta + (bias - mean) * scale).to(dtype))
 
