@@ -1,4 +1,5 @@
-"""Backend `codegen` (paper 002): template, PTX rewrite (Algorithm 2), toolchain, cache, backend.
+"""Backend `codegen` (paper 002): template, PTX rewrite (Algorithm 2), toolchain, cache, backend
+(float32; test_codegen_fp16.py has float16).
 
 CPU tests compile real templates of tiny layers with the CUDA toolkit's nvcc and ptxas (skipped,
 with the reason, when those are missing) and check the PTX and cubins. GPU tests (`gpu` marker)
@@ -15,38 +16,21 @@ import numpy as np
 import pytest
 import torch
 
+from codegen_helpers import needs_gxx, needs_tools, run_emitted_on_cpu, sparse, value_map
 from sparsecnn.backends import config_to_dict, get_backend
 from sparsecnn.kernels import codegen
 from sparsecnn.kernels.codegen import loader as loader_module
 from sparsecnn.kernels.codegen import template, toolchain
+from sparsecnn.kernels.codegen.plan import DEFAULT_MAX_KERNEL_FMAS, MODES, SMEM_BYTES_MAX
 from sparsecnn.kernels.codegen.ptx_rewrite import RewriteError, immediate, placeholder_sites, rewrite_ptx
 from sparsecnn.kernels.reference import reference_conv, relative_error
 from sparsecnn.layers import ConvSpec, get_suite
 
-HAVE_TOOLS = bool(toolchain.find_tool("nvcc") and toolchain.find_tool("ptxas"))
-needs_tools = pytest.mark.skipif(not HAVE_TOOLS, reason="needs the CUDA toolkit's nvcc and ptxas (looked on PATH, "
-                                                        "$CUDA_HOME/bin, /usr/local/cuda/bin, /usr/local/bin)")
 gpu = pytest.mark.gpu
 
 SMALL = ConvSpec(2, 3, 4, 9, 9, 3, 3, 1, 1, name="small")  # the issue's C=3, K=4, 3x3
 SMALL_CONFIG = codegen.CodegenConfig(bh=1, bk=4, tx=8, ty=4)  # one output per thread: one FMA per weight
 _IMMEDIATES = re.compile(r"0f[0-9A-F]{8}")
-
-
-def sparse(shape, sparsity: float, seed: int = 0) -> np.ndarray:
-    """Normal float32 weights with exactly round(sparsity * size) zeros at random places."""
-    rng = np.random.default_rng(seed)
-    weight = rng.standard_normal(shape).astype(np.float32)
-    weight.reshape(-1)[rng.permutation(weight.size)[:round(sparsity * weight.size)]] = 0
-    return weight
-
-
-def value_map(plan, weight: np.ndarray) -> dict:
-    """placeholder bits -> real weight bits for the (single-slice) weight of `plan`."""
-    padded = np.zeros((plan.slice_k, *weight.shape[1:]), np.float32)
-    padded[:weight.shape[0]] = weight
-    return dict(zip(template.placeholder_bits(plan.template_fmas).tolist(),
-                    template.slot_weight_bits(plan, padded).tolist()))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +40,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_template(cache):
-    plan = template.make_plan(SMALL, SMALL_CONFIG)
+    plan = codegen.make_plan(SMALL, SMALL_CONFIG)
     return plan, codegen.compile_template(plan, cache)
 
 
@@ -66,7 +50,8 @@ def small_template(cache):
 @pytest.mark.parametrize("fields, name", [
     (dict(bh=0), "bh"), (dict(bk=1.5), "bk"), (dict(tx=10, ty=3), "tx * ty"), (dict(bk=200), "bk"),
     (dict(bk=8, slice_k=12), "slice_k"), (dict(mode="jit"), "mode"), (dict(min_blocks=-1), "min_blocks"),
-    (dict(chunk_c=-2), "chunk_c"),
+    (dict(chunk_c=-2), "chunk_c"), (dict(accumulate="fp8"), "accumulate"), (dict(half_terms=-1), "half_terms"),
+    (dict(accumulate="half2", bk=64), "bk"),
 ])
 def test_config_validation_names_the_field(fields, name):
     with pytest.raises(ValueError, match=re.escape(name)):
@@ -85,21 +70,21 @@ def test_config_round_trips_through_dict():
 def test_candidate_configs_are_few_valid_and_within_the_cap(spec):
     configs = codegen.candidate_configs(spec)
     assert 3 <= len(configs) <= 6
-    assert configs[0] == template.default_config(spec)
+    assert configs[0] == codegen.default_config(spec)
     assert len(set(configs)) == len(configs)
     assert {config.mode for config in configs} == {"rewrite", "emit"}
     for config in configs:
         plan = codegen.make_plan(spec, config)
-        assert plan.template_fmas <= template.DEFAULT_MAX_KERNEL_FMAS
-        assert plan.smem_bytes <= template.SMEM_BYTES_MAX
+        assert plan.template_fmas <= DEFAULT_MAX_KERNEL_FMAS
+        assert plan.smem_bytes <= SMEM_BYTES_MAX
         assert plan.n_slices * plan.slice_k >= spec.K
 
 
 def test_large_layers_are_split_into_slices_under_the_cap():
     resnet_conv2 = next(s for s in get_suite("dong", 64) if s.name == "resnet-conv2")  # K = C = 128
-    plan = codegen.make_plan(resnet_conv2, template.default_config(resnet_conv2))
-    assert plan.n_slices >= 2 and plan.template_fmas <= template.DEFAULT_MAX_KERNEL_FMAS
-    small_cap = codegen.make_plan(resnet_conv2, template.default_config(resnet_conv2, 12_000), max_kernel_fmas=12_000)
+    plan = codegen.make_plan(resnet_conv2, codegen.default_config(resnet_conv2))
+    assert plan.n_slices >= 2 and plan.template_fmas <= DEFAULT_MAX_KERNEL_FMAS
+    small_cap = codegen.make_plan(resnet_conv2, codegen.default_config(resnet_conv2, 12_000), max_kernel_fmas=12_000)
     assert small_cap.n_slices > plan.n_slices and small_cap.template_fmas <= 12_000
     with pytest.raises(ValueError, match="exceed the cap"):
         codegen.make_plan(resnet_conv2, codegen.CodegenConfig(bk=64, bh=2), max_kernel_fmas=40_000)
@@ -185,7 +170,7 @@ def test_each_store_reads_the_chain_of_its_nonzero_weights(small_template, spars
 def test_rewrite_of_a_chain_starting_at_zero(cache):
     """Without bias every accumulator starts at `mov.f32 %f, 0f00000000`: a fully zero weight must
     leave the stores reading that zero."""
-    plan = template.make_plan(SMALL, SMALL_CONFIG, has_bias=False)
+    plan = codegen.make_plan(SMALL, SMALL_CONFIG, has_bias=False)
     ptx = codegen.compile_template(plan, cache).ptx
     zero_registers = set(re.findall(r"mov\.f32\s+(%f\d+), 0f00000000;", ptx))
     assert zero_registers
@@ -291,8 +276,8 @@ def test_second_compile_hits_the_cache_and_the_key_follows_the_config(tmp_path):
     assert second.cubins == first.cubins and second.report.fmas_deleted == first.report.fmas_deleted
     assert {path: path.stat().st_mtime_ns for path in files} == files  # nothing rewritten
     other = dataclasses.replace(SMALL_CONFIG, tx=16, ty=2)
-    key_a = codegen.compile_template(template.make_plan(SMALL, SMALL_CONFIG), cache).key
-    key_b = codegen.compile_template(template.make_plan(SMALL, other), cache).key
+    key_a = codegen.compile_template(codegen.make_plan(SMALL, SMALL_CONFIG), cache).key
+    key_b = codegen.compile_template(codegen.make_plan(SMALL, other), cache).key
     assert key_a != key_b
     codegen.compile_conv(sparse(SMALL.weight_shape, 0.5, seed=1), SMALL, SMALL_CONFIG, cache=cache)
     assert len(list(tmp_path.rglob("*.cubin"))) == 2  # new weights: new slice, same template
@@ -302,8 +287,8 @@ def test_second_compile_hits_the_cache_and_the_key_follows_the_config(tmp_path):
 def test_emit_mode_compiles_only_the_nonzero_terms(cache):
     weight = sparse(SMALL.weight_shape, 0.5)
     config = dataclasses.replace(SMALL_CONFIG, mode="emit")
-    plan = template.make_plan(SMALL, config)
-    source = template.kernel_source(plan, weight)
+    plan = codegen.make_plan(SMALL, config)
+    source = codegen.kernel_source(plan, weight)
     assert source.count("__fmaf_rn") == np.count_nonzero(weight)
     compiled = codegen.compile_conv(weight, SMALL, config, cache=cache)
     report = compiled.report
@@ -337,89 +322,8 @@ def test_resnet_conv1_default_tiling_does_not_spill(cache):
 
 # --- the generated CUDA C, run on the CPU ---------------------------------------------------
 
-# Runs emitted kernels as C++ (the host gcc that nvcc needs anyway): one block at a time, its
-# threads as std::threads, __syncthreads as a std::barrier, __shared__ as a function static.
-_CUDA_SHIM = r"""
-#include <barrier>
-#include <cstdio>
-#include <cstdlib>
-#include <math.h>
-#include <thread>
-#include <vector>
-struct Dim3 { unsigned x, y, z; };
-static thread_local Dim3 threadIdx, blockIdx;
-static Dim3 gridDim;
-static std::barrier<>* block_barrier;
-#define __global__
-#define __shared__ static
-#define __launch_bounds__(...)
-#define __ldg(p) (*(p))
-#define __fmaf_rn(a, b, c) fmaf((a), (b), (c))
-static void __syncthreads() { block_barrier->arrive_and_wait(); }
-typedef void (*Kernel)(const float*, const float*, float*, int, int, int);
-"""
-_CPU_MAIN = r"""
-static std::vector<float> load(const char* path, size_t count) {
-  std::vector<float> data(count);
-  FILE* f = fopen(path, "rb");
-  if (fread(data.data(), sizeof(float), count, f) != count) abort();
-  fclose(f);
-  return data;
-}
-int main(int argc, char** argv) {
-  // argv: x.bin bias.bin y.bin x_count k_count y_count n_batch slice_k grid_x grid_y tx ty
-  std::vector<float> x = load(argv[1], atol(argv[4])), bias = load(argv[2], atol(argv[5]));
-  std::vector<float> y(atol(argv[6]), NAN);
-  int n = atoi(argv[7]), slice_k = atoi(argv[8]);
-  gridDim = {(unsigned)atoi(argv[9]), (unsigned)atoi(argv[10]), 1};
-  unsigned tx = atoi(argv[11]), ty = atoi(argv[12]);
-  for (int s = 0; s < (int)(sizeof(kernels) / sizeof(kernels[0])); ++s)
-    for (unsigned by = 0; by < gridDim.y; ++by)
-      for (unsigned bx = 0; bx < gridDim.x; ++bx) {
-        std::barrier<> barrier(tx * ty);
-        block_barrier = &barrier;
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < tx * ty; ++t)
-          threads.emplace_back([&, t] {
-            threadIdx = {t % tx, t / tx, 0};
-            blockIdx = {bx, by, 0};
-            kernels[s](x.data(), bias.data(), y.data(), n, s * slice_k, s % 2);
-          });
-        for (auto& thread : threads) thread.join();
-      }
-  FILE* f = fopen(argv[3], "wb");
-  fwrite(y.data(), sizeof(float), y.size(), f);
-  fclose(f);
-  return 0;
-}
-"""
-HAVE_GXX = subprocess.run(["sh", "-c", "command -v g++"], capture_output=True).returncode == 0
 
-
-def run_emitted_on_cpu(plan, weight: np.ndarray, x: np.ndarray, bias: np.ndarray, tmp_path) -> np.ndarray:
-    """y (N, K, P, Q) from the emit-mode kernels of `plan` compiled as C++ and run on the CPU."""
-    padded = np.zeros((plan.n_slices * plan.slice_k, *weight.shape[1:]), np.float32)
-    padded[:weight.shape[0]] = weight
-    parts = [_CUDA_SHIM]
-    for s in range(plan.n_slices):
-        source = template.kernel_source(plan, padded[s * plan.slice_k:(s + 1) * plan.slice_k])
-        parts.append(source.replace(template.KERNEL_NAME, f"kernel{s}"))
-    parts.append(f"static Kernel kernels[] = {{{', '.join(f'kernel{s}' for s in range(plan.n_slices))}}};")
-    (tmp_path / "run.cpp").write_text("\n".join(parts) + _CPU_MAIN)
-    subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-w", "run.cpp", "-o", "run"],
-                   cwd=tmp_path, check=True)
-    n, spec = x.shape[0], plan.spec
-    x.astype(np.float32).tofile(tmp_path / "x.bin")
-    bias.astype(np.float32).tofile(tmp_path / "bias.bin")
-    grid = plan.grid(n)
-    y_count = n * spec.K * spec.P * spec.Q
-    subprocess.run(["./run", "x.bin", "bias.bin", "y.bin", str(x.size), str(bias.size), str(y_count), str(n),
-                    str(plan.slice_k), str(grid[0]), str(grid[1]), str(plan.config.tx), str(plan.config.ty)],
-                   cwd=tmp_path, check=True)
-    return np.fromfile(tmp_path / "y.bin", dtype=np.float32).reshape(n, spec.K, spec.P, spec.Q)
-
-
-@pytest.mark.skipif(not HAVE_GXX, reason="needs g++ (C++20) to run generated kernels on the CPU")
+@needs_gxx
 @pytest.mark.parametrize("r, stride, pad, config, relu, has_bias", [
     (3, 1, 1, None, False, True),
     (5, 2, 2, None, True, True),
@@ -433,8 +337,8 @@ def test_emitted_source_computes_the_convolution(tmp_path, r, stride, pad, confi
     walked backwards, partial tiles and image groups, epilogue) run as C++: it is the code both
     modes compile, so its index arithmetic is checked here without a GPU."""
     spec = ConvSpec(4, 3, 33, 13, 13, r, r, stride, pad)
-    config = dataclasses.replace(config or template.default_config(spec), mode="emit")
-    plan = template.make_plan(spec, config, relu=relu, has_bias=has_bias)
+    config = dataclasses.replace(config or codegen.default_config(spec), mode="emit")
+    plan = codegen.make_plan(spec, config, relu=relu, has_bias=has_bias)
     rng = np.random.default_rng(1)
     weight = sparse(spec.weight_shape, 0.5)
     weight[7] = 0  # one channel fully pruned: exactly the bias (or 0) must come out
@@ -454,15 +358,15 @@ def test_emitted_source_computes_the_convolution(tmp_path, r, stride, pad, confi
 
 def test_backend_declares_what_it_runs():
     backend = get_backend("codegen")
-    assert dict(backend.dtypes) == {"cuda": (torch.float32,)}
+    assert dict(backend.dtypes) == {"cuda": (torch.float32, torch.float16)}
     assert "cpu" in backend.unsupported_reason(SMALL, torch.float32, "cpu")
-    assert "float16" in backend.unsupported_reason(SMALL, torch.float16, "cuda")
+    assert "bfloat16" in backend.unsupported_reason(SMALL, torch.bfloat16, "cuda")
     assert "groups" in backend.spec_check(ConvSpec(1, 4, 4, 8, 8, 3, 3, groups=2))
     assert "dilation" in backend.spec_check(ConvSpec(1, 4, 4, 8, 8, 3, 3, dilation=2))
     assert "exceed" in backend.spec_check(ConvSpec(1, 512, 512, 14, 14, 3, 3, 1, 1))
     for spec in get_suite("dong", 64):
         assert backend.spec_check(spec) is None
-        assert backend.configs(spec, torch.float32)[0] == template.default_config(spec)
+        assert backend.configs(spec, torch.float32)[0] == codegen.default_config(spec)
 
 
 def test_import_does_not_load_cuda_libraries():
@@ -495,11 +399,11 @@ def run_checked(compiled, x, bias):
 
 
 @gpu
-@pytest.mark.parametrize("mode", template.MODES)
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("r, stride, pad", SHAPES)
 def test_matches_the_fp64_reference(cache, mode, r, stride, pad):
     spec = odd_spec(r, stride, pad)
-    config = dataclasses.replace(template.default_config(spec), mode=mode)
+    config = dataclasses.replace(codegen.default_config(spec), mode=mode)
     bias = torch.randn(spec.K, device="cuda")
     for sparsity in SPARSITIES:
         weight = torch.from_numpy(sparse(spec.weight_shape, sparsity))
@@ -519,7 +423,7 @@ def test_both_modes_agree_bit_for_bit(cache):
     spec = odd_spec(3, 1, 1)
     weight = sparse(spec.weight_shape, 0.7)
     x, bias = torch.randn(3, 3, 13, 13, device="cuda"), torch.randn(spec.K, device="cuda")
-    config = template.default_config(spec)
+    config = codegen.default_config(spec)
     rewrite = codegen.compile_conv(weight, spec, config, cache=cache)
     emit = codegen.compile_conv(weight, spec, dataclasses.replace(config, mode="emit"), cache=cache)
     assert torch.equal(run_checked(rewrite, x, bias), run_checked(emit, x, bias))

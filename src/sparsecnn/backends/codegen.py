@@ -1,4 +1,4 @@
-"""Backend `codegen`: sparsity-aware code generation (paper 002), CUDA fp32 on sm_90.
+"""Backend `codegen`: sparsity-aware code generation (paper 002), CUDA fp32 and fp16 on sm_90.
 
 The weight is compiled into the kernels (zero weights' FMAs removed, the rest immediates), which
 needs the layer's spatial shape: `prepare` only checks and keeps the weight, and each layer shape
@@ -36,13 +36,14 @@ class CodegenWeight:
         self._compiled: Dict[Tuple, codegen.CompiledConv] = {}
         self._lock = threading.Lock()
 
-    def compiled(self, spec: ConvSpec, config: Optional[codegen.CodegenConfig],
-                 has_bias: bool) -> codegen.CompiledConv:
-        """The kernels for `spec` (batch ignored; config None: the default), compiled on first use."""
-        key = (spec.with_batch(0), config, has_bias)
+    def compiled(self, spec: ConvSpec, config: Optional[codegen.CodegenConfig], has_bias: bool,
+                 dtype: torch.dtype = torch.float32) -> codegen.CompiledConv:
+        """The kernels for `spec` at `dtype` (batch ignored; config None: the dtype's default),
+        compiled on first use."""
+        key = (spec.with_batch(0), config, has_bias, dtype)
         with self._lock:
             if key not in self._compiled:
-                self._compiled[key] = codegen.compile_conv(self.weight, spec, config, has_bias=has_bias)
+                self._compiled[key] = codegen.compile_conv(self.weight, spec, config, has_bias=has_bias, dtype=dtype)
             return self._compiled[key]
 
 
@@ -68,18 +69,18 @@ def _prepare(weight: torch.Tensor, config: Any) -> CodegenWeight:
 
 def _run(x: torch.Tensor, packed: CodegenWeight, bias: Optional[torch.Tensor], spec: ConvSpec,
          config: Any) -> torch.Tensor:
-    return packed.compiled(spec, config, bias is not None)(x, bias)
+    return packed.compiled(spec, config, bias is not None, x.dtype)(x, bias)
 
 
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
-    return codegen.candidate_configs(spec)
+    return codegen.candidate_configs(spec, dtype)
 
 
 CODEGEN = register_backend(Backend(
     name="codegen",
     description="sparsity-aware code generation (Dong et al.): weights as FMA immediates, zero-weight FMAs "
-                "deleted from a PTX template (or never emitted), fp32 CUDA sm_90",
-    dtypes={"cuda": (torch.float32,)},
+                "deleted from a PTX template (or never emitted), fp32/fp16 CUDA sm_90",
+    dtypes={"cuda": (torch.float32, torch.float16)},
     prepare=_prepare,
     run=_run,
     spec_check=_spec_check,

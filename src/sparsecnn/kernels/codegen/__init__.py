@@ -1,13 +1,14 @@
 """Sparsity-aware code generation for convolutions (paper 002): weights become FMA immediates.
 
-`compile_conv(weight, spec, config)` turns one layer's pruned weight into sm_90 kernels, one per
-slice of output channels:
-  rewrite mode: the placeholder template (template.py) -> nvcc -ptx, once per layer shape, config
-    and toolchain (cached on disk) -> Algorithm 2 per slice (ptx_rewrite.py): real weights
+`compile_conv(weight, spec, config, dtype=...)` turns one layer's pruned weight into sm_90 kernels,
+one per slice of output channels (tiling: plan.py; CUDA C: template.py for FFMA, half2.py for
+HFMA2):
+  rewrite mode: the placeholder template -> nvcc -ptx, once per layer shape, config, dtype and
+    toolchain (cached on disk) -> Algorithm 2 per slice (ptx_rewrite.py): real weights
     substituted, FMAs of zero weights deleted -> ptxas -> cubin (cached per template + weights);
   emit mode: CUDA C with only the non-zero terms per slice -> nvcc -ptx -> ptxas -> cubin.
-The returned `CompiledConv` runs the layer (CUDA fp32, NCHW) on torch's current stream, and its
-`report` (`CompileReport`) says what compiling cost and produced.
+The returned `CompiledConv` runs the layer (CUDA float32 or float16, NCHW) on torch's current
+stream, and its `report` (`CompileReport`) says what compiling cost and produced.
 
 Nothing here imports cuda-python or CuPy, or touches CUDA, until a kernel is launched.
 """
@@ -19,20 +20,42 @@ import json
 import os
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from ...layers import ConvSpec
 from . import toolchain
+from . import half2, template
+from .plan import (DEFAULT_MAX_KERNEL_FMAS, CodegenConfig, KernelPlan, candidate_configs, default_config,
+                   dtype_name, make_plan)
 from .ptx_rewrite import RewriteError, RewriteStats, placeholder_sites, rewrite_ptx
-from .template import (DEFAULT_MAX_KERNEL_FMAS, KERNEL_NAME, CodegenConfig, KernelPlan, candidate_configs,
-                       kernel_source, make_plan, placeholder_bits, slot_weight_bits)
+from .template import KERNEL_NAME
 from .toolchain import DiskCache, ToolchainError
 
 __all__ = ["CodegenConfig", "CompileReport", "CompiledConv", "KernelPlan", "RewriteError", "RewriteStats",
-           "Template", "ToolchainError", "candidate_configs", "compile_conv", "compile_template", "make_plan"]
+           "Template", "ToolchainError", "candidate_configs", "compile_conv", "compile_template", "default_config",
+           "kernel_source", "make_plan", "placeholders", "slot_weights"]
+
+
+def kernel_source(plan: KernelPlan, weights: Optional[np.ndarray] = None) -> str:
+    """CUDA C of one slice kernel: the placeholder template (weights None) or the emitted sparse
+    kernel for `weights`, (slice_k, C, R, S) float32 of this slice (zero rows past K; exact in the
+    plan's dtype)."""
+    generator = half2.Half2Generator if plan.half2 else template.Generator
+    return generator(plan, weights).source()
+
+
+def placeholders(plan: KernelPlan) -> np.ndarray:
+    """(template_fmas,) uint32: the placeholder of each FMA slot of `plan`'s template."""
+    return (half2.placeholder_bits if plan.half2 else template.placeholder_bits)(plan.template_fmas)
+
+
+def slot_weights(plan: KernelPlan, weight_slice: np.ndarray) -> np.ndarray:
+    """(template_fmas,) uint32: the real weight of each FMA slot, in the placeholders' encoding
+    (float32 bits, or half2 bits with the weight in both halves)."""
+    return (half2.slot_weight_bits if plan.half2 else template.slot_weight_bits)(plan, weight_slice)
 
 
 @dataclasses.dataclass
@@ -47,6 +70,8 @@ class CompileReport:
     mode: str
     slices: int
     template_fmas: int  # per kernel
+    dtype: str = "float32"
+    flush_terms: int = 0  # half2: (c, r, s) terms per half2 partial sum (0: one partial)
     fmas_deleted: int = 0
     fmas_kept: int = 0
     nvcc_s: float = 0.0
@@ -93,7 +118,7 @@ def compile_template(plan: KernelPlan, cache: Optional[DiskCache] = None) -> Tem
     if cached is not None:
         return Template(cached.decode(), key, 0.0, True)
     ptx, seconds = toolchain.nvcc_ptx(source)
-    sites = placeholder_sites(ptx, frozenset(placeholder_bits(plan.template_fmas).tolist()))
+    sites = placeholder_sites(ptx, frozenset(placeholders(plan).tolist()))
     wrong = {bits: count for bits, count in sites.items() if count != 1}
     if len(sites) != plan.template_fmas or wrong:
         raise RewriteError(f"template keeps {len(sites)} of {plan.template_fmas} placeholders, "
@@ -104,20 +129,25 @@ def compile_template(plan: KernelPlan, cache: Optional[DiskCache] = None) -> Tem
 
 def compile_conv(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None, relu: bool = False,
                  has_bias: bool = True, max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMAS, jobs: int = 0,
-                 cache: Optional[DiskCache] = None) -> "CompiledConv":
-    """Compile the kernels of one layer.
+                 cache: Optional[DiskCache] = None, dtype: Union[torch.dtype, str] = torch.float32) -> "CompiledConv":
+    """Compile the kernels of one layer for inputs of `dtype` (float32 or float16).
 
-    weight: (K, C, R, S) float32 (tensor on any device, or array), zeros at pruned positions;
-    spec: the layer (its N is not compiled in: the kernels run any batch); config: None for the
-    first of `candidate_configs(spec)`; relu: fuse max(y, 0); has_bias: the kernels read a bias;
-    jobs: parallel slice compiles (0: one per CPU).
+    weight: (K, C, R, S) float (tensor on any device, or array), zeros at pruned positions; for
+    float16 it is rounded to half (a weight that rounds to 0 is pruned with the zeros); spec: the
+    layer (its N is not compiled in: the kernels run any batch); config: None for the first of
+    `candidate_configs(spec, dtype)`; relu: fuse max(y, 0); has_bias: the kernels read a bias (of
+    `dtype`); jobs: parallel slice compiles (0: one per CPU).
     """
     start = time.perf_counter()
-    config = config or candidate_configs(spec, max_kernel_fmas)[0]
+    name = dtype_name(dtype)
+    config = config or candidate_configs(spec, name, max_kernel_fmas)[0]
     cache = cache or DiskCache()
-    plan = make_plan(spec, config, relu, has_bias, max_kernel_fmas)
-    slices = _weight_slices(_as_array(weight, spec), plan)
-    report = CompileReport(config.mode, plan.n_slices, plan.template_fmas, smem_bytes=plan.smem_bytes)
+    weight = _as_array(weight, spec, name)
+    density = np.count_nonzero(weight) / weight.size
+    plan = make_plan(spec, config, relu, has_bias, max_kernel_fmas, name, density)
+    slices = _weight_slices(weight, plan)
+    report = CompileReport(config.mode, plan.n_slices, plan.template_fmas, name, plan.flush_terms,
+                           smem_bytes=plan.smem_bytes)
     if config.mode == "rewrite":
         template = compile_template(plan, cache)
         report.nvcc_s, report.cache_hits = template.nvcc_s, int(template.cached)
@@ -134,7 +164,8 @@ def compile_conv(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None,
     return CompiledConv(plan, [result.cubin for result in results], report)
 
 
-def _as_array(weight, spec: ConvSpec) -> np.ndarray:
+def _as_array(weight, spec: ConvSpec, dtype: str) -> np.ndarray:
+    """(K, C, R, S) float32 holding values exact in `dtype`."""
     if isinstance(weight, torch.Tensor):
         weight = weight.detach().to("cpu", torch.float32).numpy()
     weight = np.ascontiguousarray(weight, dtype=np.float32)
@@ -142,6 +173,11 @@ def _as_array(weight, spec: ConvSpec) -> np.ndarray:
         raise ValueError(f"weight shape {weight.shape} does not match the layer's {spec.weight_shape}")
     if not np.isfinite(weight).all():
         raise ValueError("weight has non-finite values; they cannot be compiled into immediates")
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            weight = weight.astype(np.float16).astype(np.float32)
+        if not np.isfinite(weight).all():
+            raise ValueError("weight has values beyond the float16 range (|w| > 65504)")
     return weight
 
 
@@ -176,7 +212,7 @@ def _rewritten_slice(plan: KernelPlan, template: Template, weight: np.ndarray, c
     found = _cached_slice(cache, key)
     if found is not None:
         return found
-    value_map = dict(zip(placeholder_bits(plan.template_fmas).tolist(), slot_weight_bits(plan, weight).tolist()))
+    value_map = dict(zip(placeholders(plan).tolist(), slot_weights(plan, weight).tolist()))
     ptx, stats = rewrite_ptx(template.ptx, value_map)
     cubin, meta = _assemble(ptx)
     meta.update(deleted=stats.deleted, kept=stats.kept, rewrite_s=stats.seconds, nvcc_s=0.0)
@@ -212,7 +248,8 @@ def _add(report: CompileReport, result: _Slice) -> None:
 
 
 class CompiledConv:
-    """The kernels of one layer: call with x (N, C, H, W) float32 CUDA -> y (N, K, P, Q) float32.
+    """The kernels of one layer: call with x (N, C, H, W) CUDA of the compiled dtype -> y (N, K, P, Q)
+    of that dtype.
 
     Slices run one after another on torch's current stream (CUDA-graph capturable once loaded: the
     first call on a device loads the modules, so make it outside capture). Odd slices walk the
@@ -241,8 +278,9 @@ class CompiledConv:
                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """y = conv(x) + bias (ReLU'd if compiled so); every element of `out` (or a new tensor) is written."""
         spec, plan = self.plan.spec, self.plan
-        if x.device.type != "cuda" or x.dtype != torch.float32:
-            raise TypeError(f"codegen kernels take float32 CUDA input, got {x.dtype} on {x.device}")
+        dtype = plan.torch_dtype
+        if x.device.type != "cuda" or x.dtype != dtype:
+            raise TypeError(f"these codegen kernels take {dtype} CUDA input, got {x.dtype} on {x.device}")
         if x.dim() != 4 or tuple(x.shape[1:]) != (spec.C, spec.H, spec.W):
             raise ValueError(f"input shape {tuple(x.shape)} does not match the compiled (N, {spec.C}, {spec.H}, "
                              f"{spec.W})")
@@ -252,10 +290,10 @@ class CompiledConv:
         n = x.shape[0]
         shape = (n, spec.K, spec.P, spec.Q)
         if out is None:
-            y = torch.empty(shape, device=x.device, dtype=torch.float32)
-        elif tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous() \
+            y = torch.empty(shape, device=x.device, dtype=dtype)
+        elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous() \
                 or out.device != x.device:
-            raise ValueError(f"out must be a contiguous float32 {shape} tensor on {x.device}")
+            raise ValueError(f"out must be a contiguous {dtype} {shape} tensor on {x.device}")
         else:
             y = out
         grid = plan.grid(n)
@@ -266,7 +304,7 @@ class CompiledConv:
         x = x.contiguous()
         bias_ptr = 0
         if bias is not None:
-            bias = bias.to(device=x.device, dtype=torch.float32).contiguous()
+            bias = bias.to(device=x.device, dtype=dtype).contiguous()
             bias_ptr = bias.data_ptr()
         stream = torch.cuda.current_stream(x.device).cuda_stream
         with torch.cuda.device(x.device):  # makes the device's primary context current for the driver calls
