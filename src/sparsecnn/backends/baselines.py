@@ -1,41 +1,75 @@
-"""The baselines every kernel is measured against: dense cuDNN, im2col + cuBLAS, im2col + cuSPARSE."""
+"""The baselines every kernel is measured against: dense cuDNN, im2col + cuBLAS, im2col + cuSPARSE.
+
+dense and im2col-cublas are aten compositions (torch.compile traces them as they are);
+im2col-cusparse runs through the op `sparsecnn::im2col_csr_conv2d`, because torch.compile cannot
+trace sparse tensors. None has a fused epilogue: each ends with `apply_epilogue_`.
+dense-tf32 and dense-channels-last are the dense forms the autotuner also offers (precision policy
+"tf32"; fp16/bf16).
+"""
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from .. import ops  # noqa: F401  (registers torch.ops.sparsecnn)
 from ..formats import CSRWeight
 from ..layers import ConvSpec
-from .registry import Backend, register_backend
+from .registry import Backend, KernelCall, apply_epilogue_, register_backend
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _dense_run(x, weight, bias, spec: ConvSpec, config):
-    return F.conv2d(x, weight, bias, spec.stride, spec.padding, spec.dilation, spec.groups)
+def _dense_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                residual: Optional[torch.Tensor], stride: List[int], padding: List[int], dilation: List[int],
+                groups: int, relu: bool) -> torch.Tensor:
+    y = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    return apply_epilogue_(y, relu, residual)
 
 
-def _unfold(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
-    """(N, C, H, W) -> columns (N, C*R*S, P*Q)."""
-    return F.unfold(x, (spec.R, spec.S), spec.dilation, spec.padding, spec.stride)
+def _dense_bind(weight: torch.Tensor, spec: ConvSpec, config, dtype: torch.dtype, has_bias: bool) -> KernelCall:
+    return KernelCall(_dense_conv, (weight,), (list(spec.stride), list(spec.padding), list(spec.dilation),
+                                               spec.groups))
 
 
-def _finish(y: torch.Tensor, bias: Optional[torch.Tensor], spec: ConvSpec) -> torch.Tensor:
-    """(N, K, P*Q) -> (N, K, P, Q) plus bias."""
-    y = y.reshape(spec.N, spec.K, spec.P, spec.Q)
-    return y if bias is None else y + bias.view(1, -1, 1, 1)
+def _gemm_conv(x: torch.Tensor, weight_matrix: torch.Tensor, bias: Optional[torch.Tensor],
+               residual: Optional[torch.Tensor], kernel_size: List[int], stride: List[int], padding: List[int],
+               dilation: List[int], output_kpq: Sequence[int], relu: bool) -> torch.Tensor:
+    """(K, C*R*S) weight @ unfolded x (N, C*R*S, P*Q) -> (N, K, P, Q), then bias and epilogue."""
+    cols = F.unfold(x, kernel_size, dilation, padding, stride)
+    y = (weight_matrix @ cols).reshape(x.shape[0], *output_kpq)
+    if bias is not None:
+        y = y + bias.view(1, -1, 1, 1)
+    return apply_epilogue_(y, relu, residual)
 
 
-def _gemm_run(x, weight_matrix, bias, spec: ConvSpec, config):
-    return _finish(weight_matrix @ _unfold(x, spec), bias, spec)
+def _gemm_bind(weight_matrix: torch.Tensor, spec: ConvSpec, config, dtype: torch.dtype,
+               has_bias: bool) -> KernelCall:
+    return KernelCall(_gemm_conv, (weight_matrix,), ([spec.R, spec.S], list(spec.stride), list(spec.padding),
+                                                     list(spec.dilation), [spec.K, spec.P, spec.Q]))
 
 
-def _spmm_run(x, csr, bias, spec: ConvSpec, config):
-    cols = _unfold(x, spec).transpose(0, 1).reshape(csr.shape[1], -1)  # (CRS, N*P*Q)
-    y = torch.sparse.mm(csr, cols).reshape(spec.K, spec.N, -1).transpose(0, 1)
-    return _finish(y, bias, spec)
+def _spmm_conv(x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
+               bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], kernel_shape: List[int],
+               stride: List[int], padding: List[int], dilation: List[int], relu: bool) -> torch.Tensor:
+    y = torch.ops.sparsecnn.im2col_csr_conv2d.default(x, crow_indices, col_indices, values, bias, kernel_shape,
+                                                       stride, padding, dilation)
+    return apply_epilogue_(y, relu, residual)
+
+
+def _csr_arrays(weight: torch.Tensor, config) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(crow_indices int64 (K + 1,), col_indices int64 (nnz,), values (nnz,)) of the K x C*R*S matrix:
+    the arrays of a torch sparse CSR tensor, kept apart so that torch.compile can trace them."""
+    csr = CSRWeight.from_dense(weight)
+    return csr.row_ptr.long(), csr.col_idx.long(), csr.values
+
+
+def _spmm_bind(arrays, spec: ConvSpec, config, dtype: torch.dtype, has_bias: bool) -> KernelCall:
+    kernel_shape = [spec.K, spec.C, spec.R, spec.S]
+    return KernelCall(_spmm_conv, tuple(arrays), (kernel_shape, list(spec.stride), list(spec.padding),
+                                                  list(spec.dilation)))
 
 
 def _groups_one(spec: ConvSpec) -> Optional[str]:
@@ -47,7 +81,7 @@ DENSE = register_backend(Backend(
     description="F.conv2d on the dense weight with zeros (cuDNN on CUDA)",
     dtypes={"cpu": (torch.float32, torch.bfloat16, torch.float64), "cuda": _FLOATS},
     prepare=lambda weight, config: weight,
-    run=_dense_run,
+    bind=_dense_bind,
 ))
 
 IM2COL_CUBLAS = register_backend(Backend(
@@ -55,7 +89,7 @@ IM2COL_CUBLAS = register_backend(Backend(
     description="F.unfold + dense GEMM (cuBLAS on CUDA)",
     dtypes={"cpu": (torch.float32, torch.float64), "cuda": _FLOATS},
     prepare=lambda weight, config: weight.reshape(weight.shape[0], -1).contiguous(),
-    run=_gemm_run,
+    bind=_gemm_bind,
     spec_check=_groups_one,
 ))
 
@@ -63,7 +97,56 @@ IM2COL_CUSPARSE = register_backend(Backend(
     name="im2col-cusparse",
     description="F.unfold + CSR SpMM via torch.sparse.mm (cuSPARSE on CUDA)",
     dtypes={"cpu": (torch.float32, torch.float64), "cuda": (torch.float32, torch.float64)},
-    prepare=lambda weight, config: CSRWeight.from_dense(weight).to_torch(),
-    run=_spmm_run,
+    prepare=_csr_arrays,
+    bind=_spmm_bind,
     spec_check=_groups_one,
+))
+
+
+def _dense_tf32_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                     residual: Optional[torch.Tensor], stride: List[int], padding: List[int], dilation: List[int],
+                     groups: int, relu: bool) -> torch.Tensor:
+    """cuDNN convolution allowed to round fp32 products to TF32 whatever the global flag says: aten's
+    `_convolution` takes allow_tf32 per call (so no global state changes, and it traces)."""
+    cudnn = torch.backends.cudnn
+    y = torch.ops.aten._convolution.default(x, weight, bias, stride, padding, dilation, False, [0, 0], groups,
+                                            cudnn.benchmark, cudnn.deterministic, cudnn.enabled, True)
+    return apply_epilogue_(y, relu, residual)
+
+
+def _dense_tf32_bind(weight: torch.Tensor, spec: ConvSpec, config, dtype: torch.dtype,
+                     has_bias: bool) -> KernelCall:
+    return dataclasses.replace(_dense_bind(weight, spec, config, dtype, has_bias), fn=_dense_tf32_conv)
+
+
+def _dense_channels_last_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                              residual: Optional[torch.Tensor], stride: List[int], padding: List[int],
+                              dilation: List[int], groups: int, relu: bool) -> torch.Tensor:
+    """F.conv2d in NHWC (weight packed channels_last), the output returned in the input's layout so
+    the layer drops in anywhere (an NCHW neighbour pays no hidden conversion)."""
+    layout = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    y = F.conv2d(x.contiguous(memory_format=torch.channels_last), weight, bias, stride, padding, dilation, groups)
+    return apply_epilogue_(y.contiguous(memory_format=layout), relu, residual)
+
+
+def _dense_channels_last_bind(weight: torch.Tensor, spec: ConvSpec, config, dtype: torch.dtype,
+                              has_bias: bool) -> KernelCall:
+    return dataclasses.replace(_dense_bind(weight, spec, config, dtype, has_bias), fn=_dense_channels_last_conv)
+
+
+DENSE_TF32 = register_backend(Backend(
+    name="dense-tf32",
+    description="F.conv2d with cuDNN allowed to round fp32 products to TF32 (tensor cores)",
+    dtypes={"cuda": (torch.float32,)},
+    prepare=lambda weight, config: weight,
+    bind=_dense_tf32_bind,
+))
+
+DENSE_CHANNELS_LAST = register_backend(Backend(
+    name="dense-channels-last",
+    description="F.conv2d in channels_last (NHWC: cuDNN's tensor-core layout for fp16/bf16), output in the "
+                "input's layout",
+    dtypes={"cuda": (torch.float16, torch.bfloat16)},
+    prepare=lambda weight, config: weight.contiguous(memory_format=torch.channels_last),
+    bind=_dense_channels_last_bind,
 ))

@@ -1,7 +1,8 @@
 """Backend `blocks`: OptPrune (paper 000, Sec. 4) in Triton: GEMM on dense blocks + sparse remainder.
 
 prepare runs Algorithm 1 (`formats.blocks.extract_blocks`, t1 = B1 = B2 = 8 and the config's t2)
-and packs the result for the kernel (`kernels.triton.blocks_conv.BlocksWeight`); run launches it.
+and packs the result for the kernel (`kernels.triton.blocks_conv.BlocksWeight`); bind hands its
+tensors to the op `sparsecnn::blocks_conv2d`, whose epilogue fuses bias, residual and ReLU.
 Extraction takes up to ~1 s per layer on one core and the autotuner prepares every candidate,
 whose t2 values repeat, so extractions are cached by weight content and t2 (a few entries).
 
@@ -19,7 +20,8 @@ import torch
 
 from ..formats.blocks import BlockDecomposition, BlockParams, extract_blocks
 from ..layers import ConvSpec
-from .registry import Backend, register_backend
+from ..ops import config_json
+from .registry import Backend, KernelCall, register_backend
 from .triton_common import TritonDtypes, gather_spec_check
 
 _CACHE_SIZE = 8  # a layer's distinct t2 values (4) for two layers at a time
@@ -66,8 +68,18 @@ def _prepare(weight: torch.Tensor, config: Any):
     return kernels.BlocksWeight.from_decomposition(_extraction(weight, config.t2), config, weight.device)
 
 
-def _run(x: torch.Tensor, packed, bias: Optional[torch.Tensor], spec: ConvSpec, config: Any) -> torch.Tensor:
-    return _kernels().blocks_conv2d(x, packed, bias, spec.stride, spec.padding, config)
+def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
+    """The op `sparsecnn::blocks_conv2d` on the packed weight's tensors for spec's padded input size
+    (config None: the one the weight was packed for)."""
+    kernels = _kernels()
+    config = packed.config if config is None else config
+    if config.packing != packed.packing:
+        raise ValueError(f"config (t2, block_m, block_kred) = {config.packing} differs from the weight's packing "
+                         f"{packed.packing}; prepare the weight for this config")
+    padded_hw = [spec.H + 2 * spec.padding[0], spec.W + 2 * spec.padding[1]]
+    static = (list(packed.kernel_shape), padded_hw, list(spec.stride), list(spec.padding), config_json(config))
+    return KernelCall(torch.ops.sparsecnn.blocks_conv2d.default, kernels.weight_arrays(packed, *padded_hw, dtype),
+                      static)
 
 
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
@@ -85,7 +97,7 @@ BLOCKS = register_backend(Backend(
     dtypes=TritonDtypes(),
     autotune_devices=("cuda",),  # on CPU it runs only in Triton's interpreter, for tests
     prepare=_prepare,
-    run=_run,
+    bind=_bind,
     spec_check=_spec_check,
     configs=_configs,
     config_from_dict=_config_from_dict,

@@ -2,8 +2,10 @@
 
 The weight is compiled into the kernels (zero weights' FMAs removed, the rest immediates), which
 needs the layer's spatial shape: `prepare` only checks and keeps the weight, and each layer shape
-(any batch) is compiled on its first `run` (through the on-disk cache of kernels/codegen, so a
-shape compiled before costs a file read). Make that first run outside CUDA-graph capture.
+(any batch) is compiled on its first `bind` (through the on-disk cache of kernels/codegen, so a
+shape compiled before costs a file read). Bind and run once outside CUDA-graph capture (the first
+launch loads the modules). Runs go through the op `sparsecnn::codegen_conv2d`, which takes the
+compiled kernels by a handle (see ops.py).
 Importing this module imports neither cuda-python nor CuPy and does not touch CUDA.
 """
 from __future__ import annotations
@@ -16,7 +18,8 @@ import torch
 
 from ..kernels import codegen
 from ..layers import ConvSpec
-from .registry import Backend, register_backend
+from ..ops import register_codegen
+from .registry import Backend, KernelCall, apply_epilogue_, register_backend
 
 # K*C*R*S beyond this unrolls into so many kernels (each <= DEFAULT_MAX_KERNEL_FMAS template FMAs,
 # ~10 s of nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
@@ -67,9 +70,16 @@ def _prepare(weight: torch.Tensor, config: Any) -> CodegenWeight:
     return CodegenWeight(weight)
 
 
-def _run(x: torch.Tensor, packed: CodegenWeight, bias: Optional[torch.Tensor], spec: ConvSpec,
-         config: Any) -> torch.Tensor:
-    return packed.compiled(spec, config, bias is not None, x.dtype)(x, bias)
+def _codegen_conv(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], handle: int,
+                  relu: bool) -> torch.Tensor:
+    return apply_epilogue_(torch.ops.sparsecnn.codegen_conv2d.default(x, bias, handle), relu, residual)
+
+
+def _bind(packed: CodegenWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
+    """The op `sparsecnn::codegen_conv2d` on this shape's kernels (compiled here on first use), then
+    residual and ReLU as a post-op (the kernels' own ReLU would need a second compile per layer)."""
+    compiled = packed.compiled(spec, config, has_bias, dtype)
+    return KernelCall(_codegen_conv, (), (register_codegen(compiled),), keepalive=compiled)
 
 
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
@@ -82,7 +92,7 @@ CODEGEN = register_backend(Backend(
                 "deleted from a PTX template (or never emitted), fp32/fp16 CUDA sm_90",
     dtypes={"cuda": (torch.float32, torch.float16)},
     prepare=_prepare,
-    run=_run,
+    bind=_bind,
     spec_check=_spec_check,
     configs=_configs,
     config_from_dict=codegen.CodegenConfig.from_dict,

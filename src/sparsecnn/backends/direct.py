@@ -1,9 +1,11 @@
 """Backend `direct`: UnSparse-Opt direct sparse convolution (paper 003, Algorithm 4) in Triton.
 
 The kernel module imports triton, and triton decides at import whether kernels run compiled or
-in its CPU interpreter (TRITON_INTERPRET=1). So it is imported on first use (prepare, run,
+in its CPU interpreter (TRITON_INTERPRET=1). So it is imported on first use (prepare, bind,
 configs), never by `import sparsecnn`, and nothing here touches CUDA. CPU (fp32) is offered only
-while TRITON_INTERPRET=1 is set; set it before the first use of this backend.
+while TRITON_INTERPRET=1 is set; set it before the first use of this backend. `bind` hands the
+packed weight's tensors to the op `sparsecnn::direct_conv2d`, whose epilogue fuses bias, residual
+and ReLU.
 """
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ import torch
 
 from ..formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ..layers import ConvSpec
-from .registry import Backend, register_backend
+from ..ops import config_json
+from .registry import Backend, KernelCall, register_backend
 from .triton_common import TritonDtypes, gather_spec_check
-
 
 
 def _kernels():
@@ -35,11 +37,15 @@ def _prepare(weight: torch.Tensor, config: Any):
     return UniformELLWeight.from_dense(weight) if config.variant == "ell" else OffsetCSRWeight.from_dense(weight)
 
 
-def _run(x: torch.Tensor, packed, bias: Optional[torch.Tensor], spec: ConvSpec, config: Any) -> torch.Tensor:
+def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
+    """The op `sparsecnn::direct_conv2d` on the packed weight's tensors for spec's padded input size."""
     kernels = _kernels()
     if config is None:
-        config = kernels.default_config(spec, x.dtype, kernels.variant_of(packed))
-    return kernels.direct_conv2d(x, packed, bias, spec.stride, spec.padding, config)
+        config = kernels.default_config(spec, dtype, kernels.variant_of(packed))
+    kernels.check_weight_variant(packed, config)
+    padded_hw = [spec.H + 2 * spec.padding[0], spec.W + 2 * spec.padding[1]]
+    static = (list(packed.kernel_shape), padded_hw, list(spec.stride), list(spec.padding), config_json(config))
+    return KernelCall(torch.ops.sparsecnn.direct_conv2d.default, kernels.weight_arrays(packed, *padded_hw), static)
 
 
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
@@ -57,7 +63,7 @@ DIRECT = register_backend(Backend(
     dtypes=TritonDtypes(),
     autotune_devices=("cuda",),  # on CPU it runs only in Triton's interpreter, for tests
     prepare=_prepare,
-    run=_run,
+    bind=_bind,
     spec_check=_spec_check,
     configs=_configs,
     config_from_dict=_config_from_dict,

@@ -2,6 +2,13 @@
 
 A backend sees only 2-D convolutions (Conv1d arrives as H = R = 1) and a weight that follows the
 pruning contract: dense (K, C // groups, R, S) with zeros at pruned positions.
+
+Running is split in two: `bind` does the Python work once per layer and input size (config
+defaults, offsets for the padded input, JSON configs, compiled-kernel handles) and returns a
+`KernelCall`; calling that is pure tensor work (a torch.library op of `ops.py`, or an aten
+composition), so torch.compile traces it without graph breaks and CUDA graphs capture it.
+Every call computes act(conv(x) + bias + residual), act = ReLU or identity: kernels with an
+epilogue fuse it, the others finish with `apply_epilogue_`.
 """
 from __future__ import annotations
 
@@ -10,12 +17,45 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
+from ..kernels.configs import check_residual
 from ..layers import ConvSpec
 
 # prepare(weight, config) -> packed weight in the backend's format
 PrepareFn = Callable[[torch.Tensor, Any], Any]
-# run(x (N, C, H, W), packed, bias (K,) or None, spec, config) -> (N, K, P, Q)
-RunFn = Callable[[torch.Tensor, Any, Optional[torch.Tensor], ConvSpec, Any], torch.Tensor]
+# bind(packed, spec, config, dtype, has_bias) -> KernelCall for inputs of spec's shape and `dtype`
+BindFn = Callable[[Any, ConvSpec, Any, torch.dtype, bool], "KernelCall"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+    """One layer's kernel with its packed weight bound.
+
+    call(x, bias, residual, relu) = fn(x, *tensors, bias, residual, *static, relu) -> (N, K, P, Q):
+    act(conv(x) + bias + residual) for x (N, C, H, W) of the shape and dtype it was bound for;
+    bias (K,) or None; residual None or of the output's shape, dtype and device. `fn` is an op of
+    `ops.py` or a function of aten ops; `static` holds ints, lists and strings only. `keepalive`
+    is never passed: it holds what handles in `static` refer to (a compiled codegen kernel).
+    """
+
+    fn: Callable[..., torch.Tensor]
+    tensors: Tuple[Optional[torch.Tensor], ...] = ()
+    static: Tuple[Any, ...] = ()
+    keepalive: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                 residual: Optional[torch.Tensor] = None, relu: bool = False) -> torch.Tensor:
+        return self.fn(x, *self.tensors, bias, residual, *self.static, relu)
+
+
+def apply_epilogue_(y: torch.Tensor, relu: bool, residual: Optional[torch.Tensor]) -> torch.Tensor:
+    """act(y + residual) in place on `y`, a conv output the caller owns (fresh from a kernel).
+
+    For backends whose kernels have no fused epilogue; residual: None or y's shape/dtype/device.
+    """
+    check_residual(residual, y.shape, y)
+    if residual is not None:
+        y = y.add_(residual)
+    return y.relu_() if relu else y
 
 
 def _supports_everything(spec: ConvSpec) -> Optional[str]:
@@ -31,6 +71,8 @@ class Backend:
     """A way to run a sparse convolution.
 
     dtypes: per device type ("cpu", "cuda"), the input dtypes it runs.
+    prepare(weight, config) -> the packed weight; bind(packed, spec, config, dtype, has_bias) ->
+    the `KernelCall` running it on inputs of spec's shape and `dtype` (config None: the default).
     spec_check(spec) -> None when the layer is supported, else the reason it is not.
     configs(spec, dtype) -> the candidate configs the autotuner may try (each valid by construction);
     the first is the default for untuned use. `config_from_dict` rebuilds one from its saved form.
@@ -42,11 +84,19 @@ class Backend:
     description: str
     dtypes: Mapping[str, Tuple[torch.dtype, ...]]
     prepare: PrepareFn
-    run: RunFn
+    bind: BindFn
     spec_check: Callable[[ConvSpec], Optional[str]] = _supports_everything
     configs: Callable[[ConvSpec, torch.dtype], List[Any]] = _no_configs
     config_from_dict: Callable[[dict], Any] = lambda saved: None
     autotune_devices: Optional[Tuple[str, ...]] = None
+
+    def run(self, x: torch.Tensor, packed: Any, bias: Optional[torch.Tensor], spec: ConvSpec, config: Any, *,
+            relu: bool = False, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """act(conv(x) + bias + residual) -> (N, K, P, Q) for x (N, C, H, W) described by `spec`.
+
+        Binds on every call; code that runs a layer repeatedly should `bind` once and call that.
+        """
+        return self.bind(packed, spec, config, x.dtype, bias is not None)(x, bias, residual, relu)
 
     def unsupported_reason(self, spec: ConvSpec, dtype: torch.dtype, device_type: str) -> Optional[str]:
         """None when this backend can run `spec` at `dtype` on `device_type`, else why not."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Tuple, Type, TypeVar
+from typing import Optional, Sequence, Tuple, Type, TypeVar
+
+import torch
 
 Config = TypeVar("Config")
 
@@ -45,3 +47,20 @@ def int_pair(value, name: str) -> Tuple[int, int]:
     if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
         raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
     return pair
+
+
+def check_residual(residual: Optional[torch.Tensor], shape: Sequence[int], like: torch.Tensor) -> None:
+    """Raise unless `residual` is None or a tensor of `shape` with the dtype and device of `like`.
+
+    The epilogue adds the residual to a conv output of `shape` computed from input `like`.
+    """
+    if residual is None:
+        return
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a tensor or None, got {type(residual).__name__}")
+    if tuple(residual.shape) != tuple(shape):
+        raise ValueError(f"residual must have the output's shape {tuple(shape)}, got {tuple(residual.shape)}")
+    if residual.dtype != like.dtype:
+        raise TypeError(f"residual dtype {residual.dtype} differs from the input's {like.dtype}")
+    if residual.device != like.device:
+        raise ValueError(f"residual is on {residual.device} but the input is on {like.device}")

@@ -1,6 +1,7 @@
 """`SparseConv2d`: a drop-in Conv2d/Conv1d whose weight is pruned and run by a sparse backend."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, Optional, Tuple
 
@@ -9,7 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..backends import config_to_dict, get_backend
+from ..backends.registry import KernelCall, apply_epilogue_
+from ..kernels.configs import check_residual
 from ..layers import ConvSpec
+
+ACTIVATIONS = ("none", "relu")
 
 
 def _pair(value, conv_dims: int, height_value: int) -> Tuple[int, int]:
@@ -23,13 +28,19 @@ class SparseConv2d(nn.Module):
 
     weight: (K, C // groups, R, S) for 2-D or (K, C // groups, S) for 1-D, zeros at pruned positions;
     mask: bool of the same shape (the positions allowed to be non-zero). Input (N, C, H, W) or
-    (N, C, L); output (N, K, P, Q) or (N, K, L_out), in the input's dtype.
-    Cases the backend does not support run densely (F.conv2d); `extra_repr` says so.
+    (N, C, L); output (N, K, P, Q) or (N, K, L_out), in the input's dtype:
+    act(conv(x) + bias + residual), act = ReLU for activation="relu", fused into the kernel's
+    epilogue where the backend can. Cases the backend does not support run densely (F.conv2d);
+    `extra_repr` says so.
+
+    Each input signature (shape, dtype, device) is planned, packed and bound once, eagerly
+    (`prepare`, or the first forward); after that forward is pure tensor work, so the layer runs
+    under torch.compile as one graph node per conv and under CUDA-graph capture.
     """
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                  mask: Optional[torch.Tensor] = None, stride=1, padding=0, dilation=1, groups: int = 1,
-                 backend: str = "dense", config: Any = None):
+                 backend: str = "dense", config: Any = None, activation: str = "none"):
         super().__init__()
         if weight.dim() not in (3, 4):
             raise ValueError(f"weight must be (K, C, R, S) or (K, C, S), got shape {tuple(weight.shape)}")
@@ -52,6 +63,7 @@ class SparseConv2d(nn.Module):
         self.out_channels = weight.shape[0]
         self.fallback_reason: Optional[str] = None
         self.timings: Optional[dict] = None
+        self.activation = activation
         self._set_backend(backend, config)
 
     def _set_backend(self, backend: str, config: Any) -> None:
@@ -59,11 +71,22 @@ class SparseConv2d(nn.Module):
         self.config = config
         self._packed = None
         self._packed_key = None
-        self._plan_key = None
+        self._binding: Optional[_Binding] = None
+
+    @property
+    def activation(self) -> str:
+        """"none" or "relu": applied after the bias and residual add, in the kernel's epilogue."""
+        return self._activation
+
+    @activation.setter
+    def activation(self, value: str) -> None:
+        if value not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {value!r}")
+        self._activation = value
 
     @classmethod
     def from_dense(cls, conv: nn.Module, backend: str = "dense", mask: Optional[torch.Tensor] = None,
-                   config: Any = None) -> "SparseConv2d":
+                   config: Any = None, activation: str = "none") -> "SparseConv2d":
         """Wrap an `nn.Conv2d` or `nn.Conv1d`.
 
         The mask is `mask` if given, else the `weight_mask` left by `torch.nn.utils.prune`, else the
@@ -77,7 +100,7 @@ class SparseConv2d(nn.Module):
             raise ValueError(f"conv padding={conv.padding!r}, padding_mode={conv.padding_mode!r}: "
                              "only integer zero padding is supported")
         return cls(conv.weight, conv.bias, mask, conv.stride, conv.padding, conv.dilation, conv.groups,
-                   backend, config)
+                   backend, config, activation)
 
     def to_dense(self) -> nn.Module:
         """An equivalent `nn.Conv2d` (or `nn.Conv1d`) holding the masked weight."""
@@ -121,7 +144,8 @@ class SparseConv2d(nn.Module):
         if x.device != self.weight.device:
             raise ValueError(f"input is on {x.device} but the weight is on {self.weight.device}")
 
-    def _packed_weight(self, backend, spec: ConvSpec):
+    def _packed_weight(self, backend):
+        """The weight in the backend's format, repacked when the weight, mask, config or device changed."""
         key = (self.backend, self.weight.device, self.weight.dtype, self.weight._version, self.mask._version,
                str(self.config))
         if self._packed_key != key:
@@ -130,42 +154,87 @@ class SparseConv2d(nn.Module):
             self._packed_key = key
         return self._packed
 
-    def _plan(self, x: torch.Tensor):
-        """(backend, spec, reason it cannot run or None) for this input, cached per shape/dtype/device."""
-        key = (self.backend, tuple(x.shape), x.dtype, x.device.type)
-        if self._plan_key != key:
-            backend, spec = get_backend(self.backend), self.spec_for(x)
-            self._plan_cache = (backend, spec, backend.unsupported_reason(spec, x.dtype, x.device.type))
-            self._plan_key = key
-        return self._plan_cache
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input(x)
-        backend, spec, reason = self._plan(x)
-        if reason is not None:
-            return self._fallback(x, reason)
-        if spec.N == 0:
-            return x.new_empty(spec.output_shape if self.conv_dims == 2 else (0, spec.K, spec.Q))
-        x4 = x.unsqueeze(2) if self.conv_dims == 1 else x
-        y = backend.run(x4, self._packed_weight(backend, spec), self.bias, spec, self.config)
-        return y.squeeze(2) if self.conv_dims == 1 else y
-
-    def _fallback(self, x: torch.Tensor, reason: str) -> torch.Tensor:
-        if self.fallback_reason != reason:
+    def _bind(self, x: torch.Tensor) -> "_Binding":
+        """The binding for inputs like `x` (eager only): reused while the input's shape, dtype and
+        device and the packed weight stay the same, else planned, packed and bound again."""
+        key = (self.backend, tuple(x.shape), x.dtype, x.device)
+        old = self._binding
+        if old is not None and old.key == key:
+            spec, reason = old.spec, old.reason
+        else:
+            backend = get_backend(self.backend)
+            spec = self.spec_for(x)
+            reason = backend.unsupported_reason(spec, x.dtype, x.device.type)
+        if reason is not None and self.fallback_reason != reason:
             warnings.warn(f"SparseConv2d: backend {self.backend!r} falls back to dense: {reason}")
             self.fallback_reason = reason
-        conv = F.conv1d if self.conv_dims == 1 else F.conv2d
-        squeeze = (lambda pair: pair[1:]) if self.conv_dims == 1 else (lambda pair: pair)
-        return conv(x, self.weight * self.mask, self.bias, squeeze(self.stride), squeeze(self.padding),
-                    squeeze(self.dilation), self.groups)
+        runs_backend = reason is None and spec.N > 0
+        packed = self._packed_weight(get_backend(self.backend)) if runs_backend else None
+        if old is not None and old.key == key and old.packed is packed:
+            return old
+        call = None
+        if runs_backend:
+            call = get_backend(self.backend).bind(packed, spec, self.config, x.dtype, self.bias is not None)
+            _mark_static(call.tensors)
+        output_shape = spec.output_shape if self.conv_dims == 2 else (spec.N, spec.K, spec.Q)
+        self._binding = _Binding(key, spec, reason, packed, call, output_shape)
+        return self._binding
+
+    def _current_binding(self, x: torch.Tensor) -> "_Binding":
+        """Eager (and CUDA-graph capture): checked and refreshed. Under torch.compile: read only;
+        a layer not bound for this input is bound outside the graph (one graph break, once)."""
+        if not torch.compiler.is_compiling():
+            return self._bind(x)
+        binding = self._binding
+        if binding is None or binding.key != (self.backend, tuple(x.shape), x.dtype, x.device):
+            # Decorating _bind at import would import torch._dynamo (and triton) with sparsecnn.
+            return torch.compiler.disable(self._bind)(x)
+        return binding
+
+    def prepare(self, example_input: torch.Tensor) -> "SparseConv2d":
+        """Plan, pack and bind for inputs of `example_input`'s shape, dtype and device; returns self.
+
+        forward does this on its first eager call. Do it (or run forward once) before CUDA-graph
+        capture, and before torch.compile to keep the layer in one graph: under torch.compile the
+        layer only reads its binding, so weight edits made after compiling are not seen until it
+        recompiles (an eager forward or `prepare` repacks them).
+        """
+        self._check_input(example_input)
+        with torch.no_grad():
+            self._bind(example_input)
+        return self
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """act(conv(x) + bias + residual): x (N, C, H, W) or (N, C, L); residual None or a tensor of
+        the output's shape, dtype and device; act per `activation`."""
+        self._check_input(x)
+        binding = self._current_binding(x)
+        check_residual(residual, binding.output_shape, x)
+        if binding.spec.N == 0:
+            return x.new_empty(binding.output_shape)
+        relu = self.activation == "relu"
+        if self.conv_dims == 1:
+            x = x.unsqueeze(2)
+            residual = None if residual is None else residual.unsqueeze(2)
+        if binding.call is None:
+            y = self._dense(x, residual, relu)
+        else:
+            y = binding.call(x, self.bias, residual, relu)
+        return y.squeeze(2) if self.conv_dims == 1 else y
+
+    def _dense(self, x: torch.Tensor, residual: Optional[torch.Tensor], relu: bool) -> torch.Tensor:
+        """The fallback: F.conv2d on the masked weight (x and residual in the 2-D view)."""
+        y = F.conv2d(x, self._weight_4d(), self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return apply_epilogue_(y, relu, residual)
 
     def get_extra_state(self) -> dict:
-        return {"backend": self.backend, "config": config_to_dict(self.config)}
+        return {"backend": self.backend, "config": config_to_dict(self.config), "activation": self.activation}
 
     def set_extra_state(self, state: dict) -> None:
         backend = get_backend(state["backend"])
         config = None if state.get("config") is None else backend.config_from_dict(state["config"])
         self._set_backend(backend.name, config)
+        self.activation = state.get("activation", "none")
 
     def extra_repr(self) -> str:
         kernel = tuple(self.weight.shape[2:])
@@ -173,8 +242,37 @@ class SparseConv2d(nn.Module):
                 f"padding={self.padding}, density={self.density:.3f}, backend={self.backend}")
         if self.config is not None:
             text += f", config={self.config}"
+        text += f", activation={self.activation}"
         if self.groups != 1 or self.dilation != (1, 1):
             text += f", groups={self.groups}, dilation={self.dilation}"
         if self.fallback_reason is not None:
             text += f", fallback=dense ({self.fallback_reason})"
         return text
+
+
+@dataclasses.dataclass(frozen=True)
+class _Binding:
+    """What forward needs for one input signature.
+
+    key: (backend, input shape, dtype, device); spec: the 2-D layer; reason: why the backend cannot
+    run it (None: it can); packed: the packed weight bound; call: the bound `KernelCall` (None
+    for the dense fallback and empty batches); output_shape: forward's (N, K, P, Q) or (N, K, L_out).
+    """
+
+    key: Tuple
+    spec: ConvSpec
+    reason: Optional[str]
+    packed: Any
+    call: Optional[KernelCall]
+    output_shape: Tuple[int, ...]
+
+
+def _mark_static(tensors) -> None:
+    """Tell torch.compile's CUDA graphs that the bound weight tensors keep their addresses (they
+    would be copied into the graph's own buffers on every replay otherwise)."""
+    cuda = [t for t in tensors if t is not None and t.is_cuda]
+    if cuda:
+        import torch._dynamo  # ~1 s to import: only for CUDA layers, once
+
+        for tensor in cuda:
+            torch._dynamo.mark_static_address(tensor)

@@ -23,7 +23,7 @@ output channels x BLOCK_N pixels and computes it completely, in one store:
     exact fp32 ("ieee").
   * sparse part: the tile rows' other non-zeros as a row-wise ELL loop (every row of the tile
     advances one non-zero per step; rows padded to the tile's longest with zero weights).
-  * bias, then one store. Rows in no block form tiles with only a sparse part, so every output
+  * the epilogue (bias, residual, ReLU), then one store. Rows in no block form tiles with only a sparse part, so every output
     element is written exactly once (bias or zero included), deterministically, in one launch.
 The price: where a tile's rows belong to blocks of several iterations, its column union is
 wider than any one block, so the dense part is sparser than the blocks (`BlocksWeight.stats`
@@ -47,6 +47,7 @@ int32: the launcher splits a batch whose input or output would overflow them int
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
@@ -59,7 +60,7 @@ import triton.language as tl
 from ...formats import expand_offsets
 from ...formats.blocks import BlockDecomposition, BlockParams, extract_blocks
 from ...layers import ConvSpec
-from ..configs import check_pow2_field, config_from_dict, int_pair, interpreting, pow2_at_least
+from ..configs import check_pow2_field, check_residual, config_from_dict, int_pair, interpreting, pow2_at_least
 
 PRECISIONS = ("ieee", "tf32")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -70,16 +71,18 @@ _MAX_ACC_PER_THREAD = 128  # beyond this the accumulators alone spill registers
 @triton.jit
 def _blocks_conv_kernel(
     x_ptr, rows_ptr, dense_start_ptr, dense_off_ptr, dense_val_ptr,
-    ell_start_ptr, ell_off_ptr, ell_val_ptr, bias_ptr, y_ptr,
+    ell_start_ptr, ell_off_ptr, ell_val_ptr, bias_ptr, res_ptr, y_ptr,
     NPQ, PQ, Q, row_step, col_step, x_img_stride, y_img_stride, num_tiles,
-    HAS_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr,
+    FP32_DOT: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """y[n, rows, pq] = bias[rows] + dense part + ELL part, for one tile of BLOCK_M channels x
-    BLOCK_N pixels per program; computed transposed, as [pixels, channels].
+    """y[n, rows, pq] = act(bias[rows] + dense part + ELL part + residual[n, rows, pq]), for one tile
+    of BLOCK_M channels x BLOCK_N pixels per program; computed transposed, as [pixels, channels].
 
-    x_ptr: padded contiguous (N, C, Hp, Wp); y_ptr: contiguous (N, K, P, Q); all offsets int32
-    (the launcher splits batches whose offsets would not fit).
+    x_ptr: padded contiguous (N, C, Hp, Wp); y_ptr and res_ptr: contiguous (N, K, P, Q); act is
+    ReLU when RELU, else the identity; all offsets int32 (the launcher splits batches whose
+    offsets would not fit).
     rows: int32 (num_tiles * BLOCK_M,) output channel of each tile slot, -1 for an empty slot.
     dense_start: int32 (num_tiles + 1,) column ranges (widths are multiples of BLOCK_K);
     dense_off: int32 input offset of each column (padding columns: 0, with zero weights);
@@ -140,8 +143,13 @@ def _blocks_conv_kernel(
     row_ok = rows >= 0
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + (img * y_img_stride + pq)[:, None] + (rows * PQ)[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & row_ok[None, :])
+    y_offs = (img * y_img_stride + pq)[:, None] + (rows * PQ)[None, :]
+    mask = pix_ok[:, None] & row_ok[None, :]
+    if HAS_RESIDUAL:
+        acc += tl.load(res_ptr + y_offs, mask=mask, other=0.0).to(tl.float32)
+    if RELU:
+        acc = tl.maximum(acc, 0.0)
+    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # --- config -------------------------------------------------------------------------------------
@@ -429,16 +437,20 @@ def _plan_stats(tiles: List[_Tile], decomposition: BlockDecomposition) -> Dict[s
 
 # --- launcher ---------------------------------------------------------------------------------
 
+BlocksArrays = Tuple[torch.Tensor, ...]
 
 
-def _check_operands(x: torch.Tensor, weight: BlocksWeight, bias: Optional[torch.Tensor],
-                    config: BlocksConfig) -> None:
+def _check_x(x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise ValueError(f"x must be a 4-D (N, C, H, W) tensor, got {tuple(getattr(x, 'shape', ()))}")
     if x.dtype not in _DTYPES:
         raise TypeError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
     if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
         raise ValueError(f"x is on {x.device}: the blocks kernel needs CUDA (or CPU with TRITON_INTERPRET=1)")
+
+
+def _check_operands(x: torch.Tensor, weight: BlocksWeight, config: BlocksConfig) -> None:
+    _check_x(x)
     if not isinstance(weight, BlocksWeight):
         raise TypeError(f"weight must be a BlocksWeight, got {type(weight).__name__}")
     if weight.device != x.device:
@@ -446,12 +458,24 @@ def _check_operands(x: torch.Tensor, weight: BlocksWeight, bias: Optional[torch.
     if config.packing != weight.packing:
         raise ValueError(f"config (t2, block_m, block_kred) = {config.packing} differs from the weight's "
                          f"packing {weight.packing}; pack the weight for this config")
-    k, c = weight.kernel_shape[:2]
-    if x.shape[1] != c:
-        raise ValueError(f"x has {x.shape[1]} channels, the weight expects {c}")
-    if bias is not None and (bias.shape != (k,) or bias.device != x.device or not bias.is_floating_point()):
-        raise ValueError(f"bias must be a floating ({k},) tensor on {x.device}, "
-                         f"got {bias.dtype} {tuple(bias.shape)} on {bias.device}")
+
+
+def _check_arrays(x: torch.Tensor, arrays: BlocksArrays, config: BlocksConfig) -> None:
+    """The tensors of `weight_arrays` for a weight packed with config's block_m / block_kred, on x's device."""
+    rows, dense_start, dense_off, dense_values, ell_start, ell_off, ell_values = arrays
+    names = ("rows", "dense_start", "dense_offsets", "dense_values", "ell_start", "ell_offsets", "ell_values")
+    for name, tensor in zip(names, arrays):
+        if tensor.device != x.device:
+            raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}")
+        expected = x.dtype if name == "dense_values" else torch.float32 if name == "ell_values" else torch.int32
+        if tensor.dtype != expected:
+            raise ValueError(f"{name} must be {expected}, got {tensor.dtype}")
+    tiles = dense_start.numel() - 1
+    if (tiles < 0 or rows.shape != (tiles * config.block_m,) or ell_start.shape != (tiles + 1,)
+            or dense_values.numel() != dense_off.numel() * config.block_m or dense_off.numel() < config.block_kred
+            or ell_off.dim() != 2 or ell_off.shape[1] != config.block_m or ell_values.shape != ell_off.shape):
+        raise ValueError(f"packed arrays do not fit a packing with block_m={config.block_m}, "
+                         f"block_kred={config.block_kred}: shapes {[tuple(t.shape) for t in arrays]}")
 
 
 def _padded_nchw(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
@@ -465,26 +489,64 @@ def _padded_nchw(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
     return F.pad(x.contiguous(), (pad_w, pad_w, pad_h, pad_h))
 
 
+def weight_arrays(weight: BlocksWeight, padded_h: int, padded_w: int, dtype: torch.dtype) -> BlocksArrays:
+    """(rows, dense_start, dense_offsets, dense_values, ell_start, ell_offsets, ell_values): what the
+    kernel reads for a padded input of padded_h x padded_w (H + 2 pad_h, W + 2 pad_w) of `dtype`.
+
+    Offsets int32 (cached on the weight per input size); dense_values in `dtype` (the dot's
+    operand type, cached per dtype); the rest as stored in `BlocksWeight`.
+    """
+    dense_off, ell_off = weight.offsets(padded_h, padded_w)
+    return (weight.rows, weight.dense_start, dense_off, weight.dense_values_as(dtype), weight.ell_start, ell_off,
+            weight.ell_values)
+
+
 def blocks_conv2d(x: torch.Tensor, weight: BlocksWeight, bias: Optional[torch.Tensor] = None,
-                  stride=1, padding=0, config: Optional[BlocksConfig] = None, *,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Sparse conv2d (dilation 1, groups 1) by dense-block GEMM plus ELL remainder, one launch.
+                  stride=1, padding=0, config: Optional[BlocksConfig] = None, *, relu: bool = False,
+                  residual: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Sparse conv2d (dilation 1, groups 1) by dense-block GEMM plus ELL remainder, one launch:
+    act(conv(x) + bias + residual).
 
     x: (N, C, H, W) fp32/fp16/bf16 on CUDA (CPU with TRITON_INTERPRET=1), any strides;
     weight: `BlocksWeight` on x's device; bias: (K,) or None; stride/padding: int or (h, w);
     config: None for the one the weight was packed for; else its (t2, block_m, block_kred) must
-    match the weight's. out: optional contiguous (N, K, P, Q) tensor of x's dtype.
-    Returns (N, K, P, Q) contiguous, x's dtype.
+    match the weight's. relu: fuse max(y, 0), applied last. residual: None or an (N, K, P, Q)
+    tensor of x's dtype and device, added before the ReLU. out: optional contiguous (N, K, P, Q)
+    tensor of x's dtype. Returns (N, K, P, Q) contiguous, x's dtype.
+    """
+    (_, _), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
+    if config is None and isinstance(weight, BlocksWeight):
+        config = weight.config
+    _check_operands(x, weight, config)
+    arrays = weight_arrays(weight, x.shape[2] + 2 * ph, x.shape[3] + 2 * pw, x.dtype)
+    return blocks_conv2d_arrays(x, arrays, weight.kernel_shape, bias, stride, padding, config, relu=relu,
+                                residual=residual, out=out)
+
+
+def blocks_conv2d_arrays(x: torch.Tensor, arrays: BlocksArrays, kernel_shape: Tuple[int, int, int, int],
+                         bias: Optional[torch.Tensor], stride, padding, config: BlocksConfig, *,
+                         relu: bool = False, residual: Optional[torch.Tensor] = None,
+                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`blocks_conv2d` on a packed weight's tensors (`weight_arrays` for exactly this input's padded
+    size and dtype): the launcher the torch.library op `sparsecnn::blocks_conv2d` binds.
+    kernel_shape: the weight's (K, C, R, S); config: the one the arrays were packed with.
     """
     (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
     if min(sh, sw) < 1 or min(ph, pw) < 0:
         raise ValueError(f"stride must be >= 1 and padding >= 0, got stride={stride!r} padding={padding!r}")
-    if config is None and isinstance(weight, BlocksWeight):
-        config = weight.config
-    _check_operands(x, weight, bias, config)
+    _check_x(x)
+    if len(kernel_shape) != 4:
+        raise ValueError(f"kernel_shape must be (K, C, R, S), got {tuple(kernel_shape)}")
+    _check_arrays(x, arrays, config)
     n, c, h, w = x.shape
-    k, _, r, s = weight.kernel_shape
+    k, kernel_c, r, s = kernel_shape
+    if c != kernel_c:
+        raise ValueError(f"x has {c} channels, the weight expects {kernel_c}")
+    if bias is not None and (bias.shape != (k,) or bias.device != x.device or not bias.is_floating_point()):
+        raise ValueError(f"bias must be a floating ({k},) tensor on {x.device}, "
+                         f"got {bias.dtype} {tuple(bias.shape)} on {bias.device}")
     spec = ConvSpec(n, c, k, h, w, r, s, (sh, sw), (ph, pw))
+    check_residual(residual, spec.output_shape, x)
     hp, wp = h + 2 * ph, w + 2 * pw
     if c * hp * wp > _INT32_MAX or k * spec.P * spec.Q > _INT32_MAX:
         raise ValueError("one image's padded input or output exceeds int32 offsets")
@@ -495,25 +557,30 @@ def blocks_conv2d(x: torch.Tensor, weight: BlocksWeight, bias: Optional[torch.Te
                          f"got {out.dtype} {tuple(out.shape)} on {out.device}")
     if n:
         xp = _padded_nchw(x, ph, pw)
+        bias = None if bias is None else bias.contiguous()
+        residual = None if residual is None else residual.contiguous()
         # int32 offsets in the kernel: launch per chunk of images whose input and output fit.
         chunk = max(1, min(_INT32_MAX // (c * hp * wp), _INT32_MAX // (k * spec.P * spec.Q)))
-        for first in range(0, n, chunk):
-            _launch(xp[first:first + chunk], weight, bias, out[first:first + chunk], spec, config)
+        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # Triton uses the current device
+            for first in range(0, n, chunk):
+                images = slice(first, first + chunk)
+                _launch(xp[images], arrays, bias, None if residual is None else residual[images], out[images],
+                        spec, config, relu)
     return out
 
 
-def _launch(xp: torch.Tensor, weight: BlocksWeight, bias: Optional[torch.Tensor], out: torch.Tensor,
-            spec: ConvSpec, config: BlocksConfig) -> None:
+def _launch(xp: torch.Tensor, arrays: BlocksArrays, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+            out: torch.Tensor, spec: ConvSpec, config: BlocksConfig, relu: bool) -> None:
     """One launch over the padded input `xp` (n, C, Hp, Wp), writing `out` (n, K, P, Q)."""
     n, c, hp, wp = xp.shape
-    dense_off, ell_off = weight.offsets(hp, wp)
     pq = spec.P * spec.Q
-    grid = (weight.num_tiles * triton.cdiv(n * pq, config.block_n),)
+    num_tiles = arrays[1].numel() - 1
+    grid = (num_tiles * triton.cdiv(n * pq, config.block_n),)
     _blocks_conv_kernel[grid](
-        xp, weight.rows, weight.dense_start, dense_off, weight.dense_values_as(xp.dtype),
-        weight.ell_start, ell_off, weight.ell_values, out if bias is None else bias.contiguous(), out,
-        n * pq, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq, weight.num_tiles,
-        HAS_BIAS=bias is not None, FP32_DOT=xp.dtype == torch.float32, PRECISION=config.precision,
+        xp, *arrays, out if bias is None else bias, out if residual is None else residual, out,
+        n * pq, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq, num_tiles,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu,
+        FP32_DOT=xp.dtype == torch.float32, PRECISION=config.precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_kred,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
-from ..configs import check_pow2_field, config_from_dict, int_pair, interpreting, pow2_at_least
+from ..configs import check_pow2_field, check_residual, config_from_dict, int_pair, interpreting, pow2_at_least
 
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
 VARIANTS = ("chunk", "ell", "csr")
@@ -58,17 +58,19 @@ _MAX_ACC_PER_THREAD = 128  # beyond this the accumulators alone spill registers
 
 @triton.jit
 def _direct_conv_kernel(
-    x_ptr, val_ptr, off_ptr, row_ptr_ptr, row_order_ptr, bias_ptr, y_ptr,
+    x_ptr, val_ptr, off_ptr, row_ptr_ptr, row_order_ptr, bias_ptr, res_ptr, y_ptr,
     N, K, PQ, Q, row_step, col_step, x_img_stride, y_img_stride,
     ell_width, ell_stride_k, ell_stride_j,
-    CSR: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, RELU: tl.constexpr,
+    CSR: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    RELU: tl.constexpr,
     BLOCK_PIX: tl.constexpr, BLOCK_K: tl.constexpr, SUB_BATCH: tl.constexpr,
 ):
-    """y[n, k, p] = bias[k] + sum_j w[k, j] * x[n, pix_base[p] + off[k, j]]  (optionally ReLU'd).
+    """y[n, k, p] = act(bias[k] + sum_j w[k, j] * x[n, pix_base[p] + off[k, j]] + residual[n, k, p]).
 
     One program: a [BLOCK_PIX, SUB_BATCH, BLOCK_K] tile of (pixel, image, channel).
 
-    x_ptr: padded contiguous (N, C, Hp, Wp); y_ptr: contiguous (N, K, P, Q).
+    x_ptr: padded contiguous (N, C, Hp, Wp); y_ptr and res_ptr: contiguous (N, K, P, Q); act is
+    ReLU when RELU, else the identity.
     ELL: val/off are (K, ell_width) with strides (ell_stride_k, ell_stride_j).
     CSR: val/off are (nnz,), rows delimited by row_ptr (K + 1,), processed in row_order (K,).
     EVEN_K: K % BLOCK_K == 0 (no channel masks).
@@ -127,25 +129,26 @@ def _direct_conv_kernel(
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + chan, mask=slot_ok, other=0.0).to(tl.float32)[None, None, :]
+    y_offs = pix[:, None, None] + (img_in * y_img_stride)[None, :, None] + (chan * PQ)[None, None, :]
+    mask = pix_ok[:, None, None] & img_ok[None, :, None] & slot_ok[None, None, :]
+    if HAS_RESIDUAL:
+        acc += tl.load(res_ptr + y_offs, mask=mask, other=0.0).to(tl.float32)
     if RELU:
         acc = tl.maximum(acc, 0.0)
-    y_ptrs = (y_ptr + pix[:, None, None] + (img_in * y_img_stride)[None, :, None]
-              + (chan * PQ)[None, None, :])
-    mask = pix_ok[:, None, None] & img_ok[None, :, None] & slot_ok[None, None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _direct_chunk_kernel(
-    x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, y_ptr,
+    x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr,
     N, K, PQ, Q, row_step, col_step, x_img_stride, y_img_stride,
-    HAS_BIAS: tl.constexpr, RELU: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr,
     BLOCK_PIX: tl.constexpr, SUB_BATCH: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """Variant "chunk": one channel per program, non-zeros consumed CHUNK at a time.
 
-    y[n, k, p] = bias[k] + sum_j w[j] * x[n, pix_base[p] + off[j]] over row k of a
-    `ChunkedCSRWeight` (rows padded to multiples of CHUNK). Each step loads CHUNK weights and
+    y[n, k, p] = act(bias[k] + sum_j w[j] * x[n, pix_base[p] + off[j]] + residual[n, k, p]) over
+    row k of a `ChunkedCSRWeight` (rows padded to multiples of CHUNK). Each step loads CHUNK weights and
     offsets with one vector load each and gathers a [BLOCK_PIX, SUB_BATCH, CHUNK] input tile, so
     CHUNK independent loads per thread are in flight instead of one load that waits on the
     previous step's offset load (what limits the one-non-zero-per-step loop).
@@ -173,10 +176,13 @@ def _direct_chunk_kernel(
         acc += tl.sum(xv * w[None, None, :], axis=2)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + k).to(tl.float32)
+    y_offs = pix[:, None] + (img_in * y_img_stride)[None, :] + k * PQ
+    mask = pix_ok[:, None] & img_ok[None, :]
+    if HAS_RESIDUAL:
+        acc += tl.load(res_ptr + y_offs, mask=mask, other=0.0).to(tl.float32)
     if RELU:
         acc = tl.maximum(acc, 0.0)
-    y_ptrs = y_ptr + pix[:, None] + (img_in * y_img_stride)[None, :] + k * PQ
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=pix_ok[:, None] & img_ok[None, :])
+    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 
@@ -318,19 +324,39 @@ def _check_x(x: torch.Tensor) -> None:
         raise ValueError(f"x is on {x.device}: the direct kernel needs CUDA (or CPU with TRITON_INTERPRET=1)")
 
 
-def _check_operands(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Tensor],
-                    config: DirectConfig) -> None:
+def check_weight_variant(weight: DirectWeight, config: DirectConfig) -> None:
+    """TypeError unless `weight` is the format of config.variant."""
     expected = {"chunk": ChunkedCSRWeight, "ell": UniformELLWeight, "csr": OffsetCSRWeight}[config.variant]
     if not isinstance(weight, expected):
         raise TypeError(f"config.variant={config.variant!r} needs a {expected.__name__} weight, "
                         f"got {type(weight).__name__}")
-    if weight.device != x.device:
-        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
-    if x.shape[1] != weight.kernel_shape[1]:
-        raise ValueError(f"x has {x.shape[1]} channels, the weight expects {weight.kernel_shape[1]}")
-    if bias is not None and (bias.shape != (weight.kernel_shape[0],) or bias.device != x.device
-                             or not bias.is_floating_point()):
-        raise ValueError(f"bias must be a floating ({weight.kernel_shape[0]},) tensor on {x.device}, "
+
+
+def _check_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, row_ptr: Optional[torch.Tensor],
+                  row_order: Optional[torch.Tensor], kernel_k: int, config: DirectConfig) -> None:
+    """The packed tensors `weight_arrays` gives for config.variant, on x's device."""
+    if values.dtype != torch.float32 or offsets.dtype != torch.int32 or values.shape != offsets.shape:
+        raise ValueError(f"values must be float32 and offsets int32 of one shape, got {values.dtype} "
+                         f"{tuple(values.shape)} and {offsets.dtype} {tuple(offsets.shape)}")
+    ell = config.variant == "ell"
+    if values.dim() != (2 if ell else 1) or (ell and values.shape[0] != kernel_k):
+        raise ValueError(f"variant {config.variant!r} needs {'(K, L)' if ell else '1-D'} values with K={kernel_k}, "
+                         f"got shape {tuple(values.shape)}")
+    needed = {"row_ptr": (row_ptr, kernel_k + 1)} if not ell else {}
+    if config.variant == "csr":
+        needed["row_order"] = (row_order, kernel_k)
+    for name, (tensor, size) in needed.items():
+        if tensor is None or tensor.dtype != torch.int32 or tensor.shape != (size,):
+            raise ValueError(f"variant {config.variant!r} needs {name} as an int32 ({size},) tensor, got "
+                             f"{None if tensor is None else (tensor.dtype, tuple(tensor.shape))}")
+    for name, tensor in (("values", values), ("offsets", offsets), *((n, t) for n, (t, _) in needed.items())):
+        if tensor.device != x.device:
+            raise ValueError(f"{name} is on {tensor.device} but x is on {x.device}")
+
+
+def _check_bias(bias: Optional[torch.Tensor], kernel_k: int, x: torch.Tensor) -> None:
+    if bias is not None and (bias.shape != (kernel_k,) or bias.device != x.device or not bias.is_floating_point()):
+        raise ValueError(f"bias must be a floating ({kernel_k},) tensor on {x.device}, "
                          f"got {bias.dtype} {tuple(bias.shape)} on {bias.device}")
 
 
@@ -377,16 +403,34 @@ def default_config(spec: ConvSpec, dtype: torch.dtype, variant: Optional[str] = 
     return next((c for c in configs if variant in (None, c.variant)), configs[0])
 
 
+WeightArrays = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
+
+
+def weight_arrays(weight: DirectWeight, padded_h: int, padded_w: int) -> WeightArrays:
+    """(values, offsets, row_ptr, row_order): the tensors the kernel reads for a padded input of
+    padded_h x padded_w (H + 2 pad_h, W + 2 pad_w); row_ptr is None for "ell", row_order except for "csr".
+
+    values float32 and offsets int32 ((K, L) views for "ell", (slots,) or (nnz,) otherwise); row_ptr
+    int32 (K + 1,); row_order int32 (K,). The offsets are cached on the weight per input size.
+    """
+    offsets = weight.offsets(padded_h, padded_w)
+    variant = variant_of(weight)
+    row_ptr = None if variant == "ell" else weight.row_ptr
+    return weight.values, offsets, row_ptr, weight.row_order if variant == "csr" else None
+
+
 def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Tensor] = None,
                   stride=1, padding=0, config: Optional[DirectConfig] = None, *, relu: bool = False,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Sparse conv2d (dilation 1, groups 1) by the direct kernel.
+                  residual: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Sparse conv2d (dilation 1, groups 1) by the direct kernel: act(conv(x) + bias + residual).
 
     x: (N, C, H, W) fp32/fp16/bf16, any strides (channels_last is converted, see the module doc);
-    weight: `UniformELLWeight` or `OffsetCSRWeight` matching `config.variant`; bias: (K,) or None;
-    stride/padding: int or (h, w). relu: fuse max(y, 0). out: optional contiguous (N, K, P, Q)
-    tensor of x's dtype to write into. Returns (N, K, P, Q) contiguous, x's dtype.
-    `config` None: the default for this layer and the weight's variant.
+    weight: `ChunkedCSRWeight`, `UniformELLWeight` or `OffsetCSRWeight` matching `config.variant`;
+    bias: (K,) or None; stride/padding: int or (h, w). relu: fuse max(y, 0), applied last.
+    residual: None or an (N, K, P, Q) tensor of x's dtype and device, added before the ReLU.
+    out: optional contiguous (N, K, P, Q) tensor of x's dtype to write into.
+    Returns (N, K, P, Q) contiguous, x's dtype. `config` None: the default for this layer and the
+    weight's variant.
     """
     (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
     if min(sh, sw) < 1 or min(ph, pw) < 0:
@@ -395,12 +439,40 @@ def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Te
     if not isinstance(weight, (ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight)):
         raise TypeError(f"weight must be a ChunkedCSRWeight, UniformELLWeight or OffsetCSRWeight, "
                         f"got {type(weight).__name__}")
-    kernel_k, _, kernel_r, kernel_s = weight.kernel_shape
-    n, c, h, w = x.shape
-    spec = ConvSpec(n, c, kernel_k, h, w, kernel_r, kernel_s, (sh, sw), (ph, pw))
     if config is None:
+        n, c, h, w = x.shape
+        kernel_k, _, kernel_r, kernel_s = weight.kernel_shape
+        spec = ConvSpec(n, c, kernel_k, h, w, kernel_r, kernel_s, (sh, sw), (ph, pw))
         config = default_config(spec, x.dtype, variant_of(weight))
-    _check_operands(x, weight, bias, config)
+    check_weight_variant(weight, config)
+    arrays = weight_arrays(weight, x.shape[2] + 2 * ph, x.shape[3] + 2 * pw)
+    return direct_conv2d_arrays(x, *arrays, weight.kernel_shape, bias, (sh, sw), (ph, pw), config, relu=relu,
+                                residual=residual, out=out)
+
+
+def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
+                         row_ptr: Optional[torch.Tensor], row_order: Optional[torch.Tensor],
+                         kernel_shape: Tuple[int, int, int, int], bias: Optional[torch.Tensor], stride, padding,
+                         config: DirectConfig, *, relu: bool = False, residual: Optional[torch.Tensor] = None,
+                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`direct_conv2d` on a packed weight's tensors (what `weight_arrays` returns for this input's
+    padded size; the offsets must be for exactly H + 2 pad_h x W + 2 pad_w): the launcher the
+    torch.library op `sparsecnn::direct_conv2d` binds. kernel_shape: the weight's (K, C, R, S).
+    """
+    (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
+    if min(sh, sw) < 1 or min(ph, pw) < 0:
+        raise ValueError(f"stride must be >= 1 and padding >= 0, got stride={stride!r} padding={padding!r}")
+    _check_x(x)
+    if len(kernel_shape) != 4:
+        raise ValueError(f"kernel_shape must be (K, C, R, S), got {tuple(kernel_shape)}")
+    kernel_k, kernel_c, kernel_r, kernel_s = kernel_shape
+    n, c, h, w = x.shape
+    if c != kernel_c:
+        raise ValueError(f"x has {c} channels, the weight expects {kernel_c}")
+    spec = ConvSpec(n, c, kernel_k, h, w, kernel_r, kernel_s, (sh, sw), (ph, pw))
+    _check_arrays(x, values, offsets, row_ptr, row_order, kernel_k, config)
+    _check_bias(bias, kernel_k, x)
+    check_residual(residual, spec.output_shape, x)
     if kernel_k * spec.P * spec.Q > _INT32_MAX:
         raise ValueError(f"one output image of {kernel_k}x{spec.P}x{spec.Q} exceeds int32 offsets")
     shape = spec.output_shape
@@ -411,41 +483,45 @@ def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Te
     if n == 0:
         return out
     xp = _padded_nchw(x, ph, pw)
-    offsets = weight.offsets(xp.shape[2], xp.shape[3])
+    epilogue = (None if bias is None else bias.contiguous(), None if residual is None else residual.contiguous())
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # Triton uses the current device
-        _launch(xp, weight, offsets, bias, out, spec, config, relu)
+        _launch(xp, (values, offsets, row_ptr, row_order), epilogue, out, spec, config, relu)
     return out
 
 
-def _launch(xp: torch.Tensor, weight: DirectWeight, offsets: torch.Tensor, bias: Optional[torch.Tensor],
+def _launch(xp: torch.Tensor, arrays: WeightArrays, epilogue: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]],
             out: torch.Tensor, spec: ConvSpec, config: DirectConfig, relu: bool) -> None:
-    """Launch the kernel on the padded input `xp` (N, C, Hp, Wp), writing `out` (N, K, P, Q)."""
+    """Launch the kernel on the padded input `xp` (N, C, Hp, Wp), writing `out` (N, K, P, Q).
+
+    epilogue: (bias (K,), residual (N, K, P, Q)), each contiguous or None.
+    """
     n, c, hp, wp = xp.shape
     pq = spec.P * spec.Q
+    values, offsets, row_ptr, row_order = arrays
+    bias, residual = epilogue
+    flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu)
+    # Absent operands pass `out`: a valid pointer the kernel never reads.
+    operands = (bias if bias is not None else out, residual if residual is not None else out, out)
+    geometry = (n, spec.K, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq)
     if config.variant == "chunk":
         grid = (spec.K * triton.cdiv(pq, config.block_pix) * triton.cdiv(n, config.sub_batch),)
         _direct_chunk_kernel[grid](
-            xp, _nonempty(weight.values), _nonempty(offsets), weight.row_ptr,
-            out if bias is None else bias.contiguous(), out,
-            n, spec.K, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq,
-            HAS_BIAS=bias is not None, RELU=relu, BLOCK_PIX=config.block_pix, SUB_BATCH=config.sub_batch,
-            CHUNK=config.chunk, num_warps=config.num_warps, num_stages=config.num_stages,
+            xp, _nonempty(values), _nonempty(offsets), row_ptr, *operands, *geometry, **flags,
+            BLOCK_PIX=config.block_pix, SUB_BATCH=config.sub_batch, CHUNK=config.chunk,
+            num_warps=config.num_warps, num_stages=config.num_stages,
         )
         return
     csr = config.variant == "csr"
     if csr:
-        values, row_ptr, row_order = weight.values, weight.row_ptr, weight.row_order
         ell = (0, 0, 0)
     else:
-        values, row_ptr, row_order = weight.values, out, out  # row_ptr/row_order unused by ELL
-        ell = (weight.width, values.stride(0), values.stride(1))
+        row_ptr, row_order = out, out  # unused by ELL
+        ell = (values.shape[1], values.stride(0), values.stride(1))
     grid = (triton.cdiv(spec.K, config.block_k) * triton.cdiv(pq, config.block_pix)
             * triton.cdiv(n, config.sub_batch),)
     _direct_conv_kernel[grid](
-        xp, _nonempty(values), _nonempty(offsets), row_ptr, row_order,
-        out if bias is None else bias.contiguous(), out,
-        n, spec.K, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq, *ell,
-        CSR=csr, EVEN_K=spec.K % config.block_k == 0, HAS_BIAS=bias is not None, RELU=relu,
+        xp, _nonempty(values), _nonempty(offsets), row_ptr, row_order, *operands, *geometry, *ell,
+        CSR=csr, EVEN_K=spec.K % config.block_k == 0, **flags,
         BLOCK_PIX=config.block_pix, BLOCK_K=config.block_k, SUB_BATCH=config.sub_batch,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -1,0 +1,217 @@
+"""The package's torch.library bindings (namespace `sparsecnn`): one custom op per kernel.
+
+Each op is a `torch.library.custom_op` with a fake implementation, so `torch.compile` traces a
+layer as one graph node (inductor calls it as an extern kernel) and CUDA-graph capture records
+its launches. Ops take only tensors, ints, bools and strings: a packed weight travels as its
+tensors (each backend's `bind` lists them), a kernel config as the JSON of its dataclass
+(`config_json`). Every op returns a new contiguous (N, K, P, Q) tensor of x's dtype.
+
+    direct_conv2d(x, values, offsets, row_ptr?, row_order?, bias?, residual?, kernel_shape,
+                  padded_hw, stride, padding, config, relu)
+        the direct kernel (kernels/triton/direct_conv.py) with its fused epilogue
+        act(conv + bias + residual); the tensors of `direct_conv.weight_arrays`.
+    blocks_conv2d(x, rows, dense_start, dense_offsets, dense_values, ell_start, ell_offsets,
+                  ell_values, bias?, residual?, kernel_shape, padded_hw, stride, padding, config, relu)
+        the blocks kernel (kernels/triton/blocks_conv.py), same epilogue; `blocks_conv.weight_arrays`.
+    codegen_conv2d(x, bias?, handle)
+        a compiled codegen kernel set (kernels/codegen: cubins launched through cuda-python),
+        conv + bias only. A compiled kernel is not a tensor, so it lives in a process-local
+        registry: `register_codegen(compiled)` returns an int handle and the op looks it up. A
+        handle is valid only in the process that registered it, while its `CompiledConv` is alive
+        (the registry holds it weakly; the backend's packed weight keeps it).
+    im2col_csr_conv2d(x, crow_indices, col_indices, values, bias?, kernel_shape, stride, padding,
+                      dilation)
+        the im2col + cuSPARSE baseline: torch.compile cannot trace sparse tensors, so the CSR
+        weight travels as its three arrays and the op rebuilds it.
+
+padded_hw: the (H + 2 pad_h, W + 2 pad_w) the offsets were expanded for; an input of another
+size is refused (its gathers would read the wrong elements). The dense and im2col + cuBLAS
+baselines are aten compositions (backends/baselines.py) and need no op.
+
+Importing this module registers the ops; it imports neither triton nor CUDA libraries (the
+implementations import their kernels on first call).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import threading
+import warnings
+import weakref
+from typing import Any, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.library import custom_op, register_fake
+
+from .kernels.configs import check_residual
+
+__all__ = ["blocks_conv2d", "codegen_conv2d", "codegen_kernel", "config_json", "direct_conv2d",
+           "im2col_csr_conv2d", "register_codegen"]
+
+
+def config_json(config: Any) -> str:
+    """A kernel config dataclass as the JSON string the ops take (keys sorted: one text per config)."""
+    return json.dumps(dataclasses.asdict(config), sort_keys=True)
+
+
+def _output_size(size: int, kernel: int, stride: int, padding: int, dilation: int = 1):
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _output_shape(x: torch.Tensor, kernel_shape: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                  dilation: Sequence[int] = (1, 1)):
+    """(N, K, P, Q) of a conv of x (N, C, H, W) with a (K, C, R, S) kernel."""
+    k, _, r, s = kernel_shape
+    return (x.shape[0], k, _output_size(x.shape[2], r, stride[0], padding[0], dilation[0]),
+            _output_size(x.shape[3], s, stride[1], padding[1], dilation[1]))
+
+
+def _check_padded_hw(x: torch.Tensor, padded_hw: Sequence[int], padding: Sequence[int]) -> None:
+    expected = [x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1]]
+    if list(padded_hw) != expected:
+        raise ValueError(f"the weight's offsets are for a padded {tuple(padded_hw)} input, x padded is "
+                         f"{tuple(expected)}: bind the weight for this input size")
+
+
+def _fake_output(x: torch.Tensor, residual: Optional[torch.Tensor], kernel_shape, stride, padding,
+                 dilation=(1, 1)) -> torch.Tensor:
+    shape = _output_shape(x, kernel_shape, stride, padding, dilation)
+    check_residual(residual, shape, x)
+    return x.new_empty(shape)
+
+
+# --- direct -------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _direct_config(text: str):
+    from .kernels.triton.direct_conv import DirectConfig
+
+    return DirectConfig.from_dict(json.loads(text))
+
+
+@custom_op("sparsecnn::direct_conv2d", mutates_args=())
+def direct_conv2d(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, row_ptr: Optional[torch.Tensor],
+                  row_order: Optional[torch.Tensor], bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                  kernel_shape: List[int], padded_hw: List[int], stride: List[int], padding: List[int], config: str,
+                  relu: bool) -> torch.Tensor:
+    """act(direct sparse conv(x) + bias + residual) -> (N, K, P, Q); see the module docstring."""
+    from .kernels.triton.direct_conv import direct_conv2d_arrays
+
+    _check_padded_hw(x, padded_hw, padding)
+    return direct_conv2d_arrays(x, values, offsets, row_ptr, row_order, tuple(kernel_shape), bias, tuple(stride),
+                                tuple(padding), _direct_config(config), relu=relu, residual=residual)
+
+
+@register_fake("sparsecnn::direct_conv2d")
+def _direct_conv2d_fake(x, values, offsets, row_ptr, row_order, bias, residual, kernel_shape, padded_hw, stride,
+                        padding, config, relu):
+    return _fake_output(x, residual, kernel_shape, stride, padding)
+
+
+# --- blocks -------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _blocks_config(text: str):
+    from .kernels.triton.blocks_conv import BlocksConfig
+
+    return BlocksConfig.from_dict(json.loads(text))
+
+
+@custom_op("sparsecnn::blocks_conv2d", mutates_args=())
+def blocks_conv2d(x: torch.Tensor, rows: torch.Tensor, dense_start: torch.Tensor, dense_offsets: torch.Tensor,
+                  dense_values: torch.Tensor, ell_start: torch.Tensor, ell_offsets: torch.Tensor,
+                  ell_values: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                  kernel_shape: List[int], padded_hw: List[int], stride: List[int], padding: List[int], config: str,
+                  relu: bool) -> torch.Tensor:
+    """act(blocks sparse conv(x) + bias + residual) -> (N, K, P, Q); see the module docstring."""
+    from .kernels.triton.blocks_conv import blocks_conv2d_arrays
+
+    _check_padded_hw(x, padded_hw, padding)
+    arrays = (rows, dense_start, dense_offsets, dense_values, ell_start, ell_offsets, ell_values)
+    return blocks_conv2d_arrays(x, arrays, tuple(kernel_shape), bias, tuple(stride), tuple(padding),
+                                _blocks_config(config), relu=relu, residual=residual)
+
+
+@register_fake("sparsecnn::blocks_conv2d")
+def _blocks_conv2d_fake(x, rows, dense_start, dense_offsets, dense_values, ell_start, ell_offsets, ell_values, bias,
+                        residual, kernel_shape, padded_hw, stride, padding, config, relu):
+    return _fake_output(x, residual, kernel_shape, stride, padding)
+
+
+# --- codegen ------------------------------------------------------------------------------------
+
+_CODEGEN_LOCK = threading.Lock()
+_CODEGEN_BY_HANDLE: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_CODEGEN_HANDLES: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+_NEXT_HANDLE = itertools.count(1)
+
+
+def register_codegen(compiled) -> int:
+    """The handle of a `kernels.codegen.CompiledConv` (the same handle for the same object).
+
+    The registry holds it weakly: keep `compiled` alive as long as the handle is used.
+    """
+    with _CODEGEN_LOCK:
+        if compiled not in _CODEGEN_HANDLES:
+            handle = next(_NEXT_HANDLE)
+            _CODEGEN_HANDLES[compiled] = handle
+            _CODEGEN_BY_HANDLE[handle] = compiled
+        return _CODEGEN_HANDLES[compiled]
+
+
+def codegen_kernel(handle: int):
+    """The `CompiledConv` registered under `handle` (ValueError if unknown or freed)."""
+    compiled = _CODEGEN_BY_HANDLE.get(handle)
+    if compiled is None:
+        raise ValueError(f"no codegen kernel is registered under handle {handle} in this process "
+                         "(handles are process-local; bind the layer again)")
+    return compiled
+
+
+def _codegen_output(x: torch.Tensor, handle: int):
+    spec = codegen_kernel(handle).plan.spec
+    if x.dim() != 4 or tuple(x.shape[1:]) != (spec.C, spec.H, spec.W):
+        raise ValueError(f"codegen kernel {handle} is compiled for (N, {spec.C}, {spec.H}, {spec.W}) inputs, "
+                         f"got {tuple(x.shape)}")
+    return (x.shape[0], spec.K, spec.P, spec.Q)
+
+
+@custom_op("sparsecnn::codegen_conv2d", mutates_args=())
+def codegen_conv2d(x: torch.Tensor, bias: Optional[torch.Tensor], handle: int) -> torch.Tensor:
+    """conv(x) + bias by the codegen kernels registered under `handle` -> (N, K, P, Q)."""
+    _codegen_output(x, handle)
+    return codegen_kernel(handle)(x, bias)
+
+
+@register_fake("sparsecnn::codegen_conv2d")
+def _codegen_conv2d_fake(x, bias, handle):
+    return x.new_empty(_codegen_output(x, handle))
+
+
+# --- im2col + CSR SpMM --------------------------------------------------------------------------
+
+@custom_op("sparsecnn::im2col_csr_conv2d", mutates_args=())
+def im2col_csr_conv2d(x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
+                      bias: Optional[torch.Tensor], kernel_shape: List[int], stride: List[int], padding: List[int],
+                      dilation: List[int]) -> torch.Tensor:
+    """conv(x) + bias as CSR (K x C*R*S, the three arrays of a torch sparse CSR tensor) times the
+    unfolded input (torch.sparse.mm: cuSPARSE on CUDA) -> (N, K, P, Q). groups = 1."""
+    k, c, r, s = kernel_shape
+    if x.dim() != 4 or x.shape[1] != c:
+        raise ValueError(f"x must be (N, {c}, H, W), got {tuple(x.shape)}")
+    n, _, p, q = _output_shape(x, kernel_shape, stride, padding, dilation)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse.*")  # torch's beta-state notice
+        weight = torch.sparse_csr_tensor(crow_indices, col_indices, values, (k, c * r * s), check_invariants=False)
+    cols = F.unfold(x, (r, s), tuple(dilation), tuple(padding), tuple(stride))  # (N, CRS, PQ)
+    y = torch.sparse.mm(weight, cols.transpose(0, 1).reshape(c * r * s, n * p * q))
+    y = y.reshape(k, n, p, q).transpose(0, 1)
+    return (y if bias is None else y + bias.view(1, -1, 1, 1)).contiguous()
+
+
+@register_fake("sparsecnn::im2col_csr_conv2d")
+def _im2col_csr_conv2d_fake(x, crow_indices, col_indices, values, bias, kernel_shape, stride, padding, dilation):
+    return _fake_output(x, None, kernel_shape, stride, padding, dilation)
