@@ -1,65 +1,156 @@
-"""Pick the fastest of several ways to run one layer, by measurement."""
+"""Pick the fastest of several ways to run one layer, by measurement, dropping hopeless ones early."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+import math
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
-from ..backends import Backend, get_backend
+from ..backends import backend_names, config_to_dict, get_backend
 from ..layers import ConvSpec
-from .timing import benchmark
+from .precision import PrecisionPolicy, tf32_variant, uses_tf32
+from .timing import benchmark, time_one_call
+
+# Dense cuDNN in every form the policy allows is always a candidate; "dense" is the baseline.
+DENSE_BACKENDS = ("dense", "dense-tf32", "dense-channels-last")
+BASELINE = "dense"
+DEFAULT_DROP_RATIO = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
+    """One way to run a layer: a registered backend and one of its configs (None: no config)."""
+
     backend: str
     config: Any = None
 
     def label(self) -> str:
         return self.backend if self.config is None else f"{self.backend}[{self.config}]"
 
+    def saved(self) -> Tuple[str, Optional[dict]]:
+        """(backend, config as a dict): the JSON-able identity of this candidate."""
+        return self.backend, config_to_dict(self.config)
 
-def candidates_for(spec: ConvSpec, dtype: torch.dtype, device_type: str,
+
+def _configs(name: str, spec: ConvSpec, policy: PrecisionPolicy) -> List[Any]:
+    configs = get_backend(name).configs(spec, policy.dtype)
+    if policy.allow_tf32 and policy.dtype == torch.float32:
+        configs = configs + [variant for variant in map(tf32_variant, configs) if variant is not None]
+    return [config for config in dict.fromkeys(configs) if policy.allow_tf32 or not uses_tf32(name, config)]
+
+
+def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
                    backends: Optional[List[str]] = None) -> List[Candidate]:
-    """Every (backend, config) that supports the layer; `dense` is always included.
+    """Every (backend, config) that runs `spec` at the policy's dtype on `device_type`.
 
-    Without an explicit `backends` list, a backend is skipped on devices outside its
-    `autotune_devices`.
+    The dense backends are always included. Without an explicit `backends` list, a backend is
+    skipped on devices outside its `autotune_devices`. TF32 candidates (a `dense-tf32` backend, and
+    for fp32 the "tf32" variant of every config with a `precision` field) appear only when the
+    policy allows TF32.
     """
-    from ..backends import backend_names
-
-    names = backend_names() if backends is None else list(dict.fromkeys(["dense", *backends]))
-    found = []
-    for name in names:
-        backend: Backend = get_backend(name)
+    names = backend_names() if backends is None else [*DENSE_BACKENDS, *backends]
+    found: List[Candidate] = []
+    for name in dict.fromkeys(names):
+        backend = get_backend(name)
         if backends is None and backend.autotune_devices is not None and device_type not in backend.autotune_devices:
             continue
-        if backend.unsupported_reason(spec, dtype, device_type) is None:
-            found.extend(Candidate(name, config) for config in backend.configs(spec, dtype))
+        if backend.unsupported_reason(spec, policy.dtype, device_type) is None:
+            found.extend(Candidate(name, config) for config in _configs(name, spec, policy))
     return found
 
 
+class Timer(Protocol):
+    """How candidates are timed (tests inject fake timings).
+
+    probe: milliseconds of one call of `fn` after one untimed call; measure: the median of a full
+    benchmark. Either may raise, which drops the candidate."""
+
+    def probe(self, candidate: Candidate, fn: Callable[[], object]) -> float: ...
+
+    def measure(self, candidate: Candidate, fn: Callable[[], object]) -> float: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuringTimer:
+    """Real timings on `device`: `time_one_call` to probe, `benchmark` (L2 flushed on CUDA) to measure.
+
+    The budget is small (a model has ~20 candidates x 50 layers; each full benchmark costs about
+    warmup_ms + rep_ms plus the L2 flushes): 50 repeats give a median stable to a few percent,
+    enough to rank candidates."""
+
+    device: torch.device
+    warmup_ms: float = 5.0
+    rep_ms: float = 25.0
+    max_rep: int = 50
+
+    def probe(self, candidate: Candidate, fn: Callable[[], object]) -> float:
+        return time_one_call(fn, self.device)
+
+    def measure(self, candidate: Candidate, fn: Callable[[], object]) -> float:
+        return benchmark(fn, self.device, self.warmup_ms, self.rep_ms, max_rep=self.max_rep)["median_ms"]
+
+
+@dataclasses.dataclass
+class Selection:
+    """best: the fastest candidate; times_ms: median ms of each fully benchmarked candidate;
+    dropped: why each other candidate was left out (label -> reason)."""
+
+    best: Candidate
+    times_ms: Dict[str, float]
+    dropped: Dict[str, str]
+
+    @property
+    def best_ms(self) -> float:
+        return self.times_ms[self.best.label()]
+
+
+def _runner(candidate: Candidate, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+            spec: ConvSpec, relu: bool, residual: Optional[torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """The candidate's kernel bound once to its packed weight, as `SparseConv2d` runs it."""
+    backend = get_backend(candidate.backend)
+    call = backend.bind(backend.prepare(weight, candidate.config), spec, candidate.config, x.dtype, bias is not None)
+    return lambda: call(x, bias, residual, relu)
+
+
+def _error_text(error: Exception) -> str:
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return f"error: {type(error).__name__}: {first_line[:200]}"
+
+
 def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], spec: ConvSpec,
-                 candidates: List[Candidate], **timing) -> Tuple[Candidate, Dict[str, float]]:
+                 candidates: List[Candidate], timer: Timer, drop_ratio: float = DEFAULT_DROP_RATIO,
+                 relu: bool = False, residual: Optional[torch.Tensor] = None) -> Selection:
     """Time each candidate on input `x` (N, C, H, W) and weight (K, C // groups, R, S).
 
-    A candidate that raises is skipped. Returns the fastest and {candidate label: median ms}.
+    Each is first run once untimed and once timed (`timer.probe`); one that raises, or whose one
+    run is over `drop_ratio` x the fastest one run, is dropped; the rest (and always the `dense`
+    baseline) are fully benchmarked (`timer.measure`). relu / residual (None or the output's shape):
+    the fused epilogue every candidate computes. Raises RuntimeError when no candidate runs.
     """
-    times: Dict[str, float] = {}
-    best, best_ms = None, float("inf")
+    runners: Dict[Candidate, Callable[[], torch.Tensor]] = {}
+    probes: Dict[Candidate, float] = {}
+    dropped: Dict[str, str] = {}
     for candidate in candidates:
-        backend = get_backend(candidate.backend)
-        try:
-            packed = backend.prepare(weight, candidate.config)
-            ms = benchmark(lambda: backend.run(x, packed, bias, spec, candidate.config), x.device,
-                           **timing)["median_ms"]
-        except (RuntimeError, ValueError):  # a config the hardware refuses is dropped, not fatal
-            times[candidate.label()] = float("nan")
+        try:  # any failure (a config the hardware refuses, a compile error) drops the candidate
+            runners[candidate] = _runner(candidate, x, weight, bias, spec, relu, residual)
+            probes[candidate] = timer.probe(candidate, runners[candidate])
+        except Exception as error:  # noqa: BLE001
+            dropped[candidate.label()] = _error_text(error)
+            runners.pop(candidate, None)
+    fastest_probe = min((ms for ms in probes.values() if not math.isnan(ms)), default=math.inf)
+    times: Dict[str, float] = {}
+    for candidate, probe_ms in probes.items():
+        if candidate.backend != BASELINE and not probe_ms <= drop_ratio * fastest_probe:
+            dropped[candidate.label()] = (f"one run took {probe_ms:.4g} ms, over {drop_ratio:g}x the fastest "
+                                          f"({fastest_probe:.4g} ms)")
             continue
-        times[candidate.label()] = ms
-        if ms < best_ms:
-            best, best_ms = candidate, ms
-    if best is None:
-        raise RuntimeError(f"no candidate ran for {spec}")
-    return best, times
+        try:
+            times[candidate.label()] = timer.measure(candidate, runners[candidate])
+        except Exception as error:  # noqa: BLE001
+            dropped[candidate.label()] = _error_text(error)
+    by_label = {candidate.label(): candidate for candidate in candidates}
+    if not times:
+        raise RuntimeError(f"no candidate ran for {spec}: " + "; ".join(f"{k}: {v}" for k, v in dropped.items()))
+    best = min(times, key=times.get)
+    return Selection(by_label[best], times, dropped)

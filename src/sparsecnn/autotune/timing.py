@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import statistics
+import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -19,7 +20,7 @@ def _quantiles(times_ms: List[float]) -> Dict[str, float]:
     return {"median_ms": statistics.median(ordered), "p20_ms": at(0.2), "p80_ms": at(0.8)}
 
 
-def _time_cuda(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep: int,
+def _time_cuda(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep: int, max_rep: int,
                flush_l2: bool) -> List[float]:
     flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda") if flush_l2 else None
     fn()
@@ -33,7 +34,7 @@ def _time_cuda(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_re
     per_call = max(probe_start.elapsed_time(probe_end) / 3, 1e-3)
     for _ in range(max(1, int(warmup_ms / per_call))):
         fn()
-    reps = max(min_rep, int(rep_ms / per_call))
+    reps = max(min_rep, min(max_rep, int(rep_ms / per_call)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):
@@ -46,7 +47,8 @@ def _time_cuda(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_re
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def _time_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep: int) -> List[float]:
+def _time_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep: int,
+              max_rep: int) -> List[float]:
     fn()
     start = time.perf_counter()
     fn()
@@ -54,7 +56,7 @@ def _time_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep
     for _ in range(min(10, int(warmup_ms / per_call))):
         fn()
     times = []
-    for _ in range(max(min_rep, min(200, int(rep_ms / per_call)))):
+    for _ in range(max(min_rep, min(max_rep, int(rep_ms / per_call)))):
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
@@ -62,12 +64,32 @@ def _time_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep
 
 
 def benchmark(fn: Callable[[], object], device: torch.device | str, warmup_ms: float = 25.0,
-              rep_ms: float = 100.0, min_rep: int = 5, flush_l2: bool = True) -> Dict[str, float]:
+              rep_ms: float = 100.0, min_rep: int = 5, flush_l2: bool = True,
+              max_rep: Optional[int] = None) -> Dict[str, float]:
     """Time `fn()` on `device`; returns {"median_ms", "p20_ms", "p80_ms"} in milliseconds.
 
-    On CUDA each repeat is bracketed by CUDA events and preceded by a write of 256 MB, so no
-    repeat finds its data in L2. On CPU, wall-clock time per call.
+    Repeats: as many as fit in `rep_ms`, at least `min_rep`, at most `max_rep` (None: no cap on
+    CUDA, 200 on CPU). On CUDA each repeat is bracketed by CUDA events and preceded by a write of
+    256 MB, so no repeat finds its data in L2. On CPU, wall-clock time per call.
     """
     if torch.device(device).type == "cuda":
-        return _quantiles(_time_cuda(fn, warmup_ms, rep_ms, min_rep, flush_l2))
-    return _quantiles(_time_cpu(fn, warmup_ms, rep_ms, min_rep))
+        cap = sys.maxsize if max_rep is None else max_rep
+        return _quantiles(_time_cuda(fn, warmup_ms, rep_ms, min_rep, cap, flush_l2))
+    return _quantiles(_time_cpu(fn, warmup_ms, rep_ms, min_rep, 200 if max_rep is None else max_rep))
+
+
+def time_one_call(fn: Callable[[], object], device: torch.device | str) -> float:
+    """Milliseconds of one call of `fn()` after one untimed call (which pays compilation and
+    algorithm selection); CUDA events on CUDA, wall clock on CPU."""
+    fn()
+    if torch.device(device).type != "cuda":
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)

@@ -1,22 +1,36 @@
-"""`sparsify_`: swap a model's convolutions for `SparseConv2d` in place."""
+"""`sparsify_` and `autotune_model`: run a model's convolutions as `SparseConv2d`, in place.
+
+Tuning runs the model once on the example inputs with a pre-hook on each selected layer: the hook
+tunes the layer on the input it sees (`autotune.tune_layer`) and the layer then runs its choice, so
+each activation lives only as long as the forward pass needs it and that pass's output is the
+tuned model's output.
+"""
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+import collections
+import logging
+import math
+import sys
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
-from ..autotune import pick_fastest
-from ..autotune.select import candidates_for
+from ..autotune import (DEFAULT_DROP_RATIO, MeasuringTimer, PrecisionPolicy, Timer, TuneCache, TuneReport,
+                        candidates_for, environment_fingerprint, resolve_policy, tf32_flags, tune_layer)
 from ..backends import get_backend
+from ..kernels.reference import relative_error
 from .sparse_conv import SparseConv2d
 
 FilterFn = Callable[[str, nn.Module], bool]
+_LOG = logging.getLogger("sparsecnn.autotune")
+_CONV_TYPES = (nn.Conv1d, nn.Conv2d, SparseConv2d)
 
 
-def _convs(model: nn.Module, filter_fn: Optional[FilterFn]) -> List[Tuple[str, nn.Module]]:
+def _selected(model: nn.Module, filter_fn: Optional[FilterFn]) -> List[Tuple[str, nn.Module]]:
     return [(name, module) for name, module in model.named_modules()
-            if isinstance(module, (nn.Conv1d, nn.Conv2d)) and (filter_fn is None or filter_fn(name, module))]
+            if isinstance(module, _CONV_TYPES) and (filter_fn is None or filter_fn(name, module))]
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -24,65 +38,181 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def _layer_inputs(model: nn.Module, modules: Iterable[nn.Module], example_inputs) -> Dict[nn.Module, torch.Tensor]:
-    """The first input each module sees when the model runs on `example_inputs`."""
-    seen: Dict[nn.Module, torch.Tensor] = {}
-
-    def record(module, args):
-        seen.setdefault(module, args[0].detach())
-
-    hooks = [module.register_forward_pre_hook(record) for module in modules]
-    try:
-        with torch.no_grad():
-            model(*example_inputs)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return seen
-
-
 def _as_tuple(example_inputs) -> tuple:
-    return example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _apply_mask_(layer: SparseConv2d, name: str, mask: Optional[torch.Tensor]) -> None:
+    if mask is None:
+        return
+    if mask.shape != layer.mask.shape or mask.dtype != torch.bool:
+        raise ValueError(f"masks[{name!r}] must be bool with shape {tuple(layer.mask.shape)}, "
+                         f"got {mask.dtype} {tuple(mask.shape)}")
+    layer.mask.copy_(mask)
+
+
+def _sparse_layer(name: str, module: nn.Module, backend: str, mask: Optional[torch.Tensor]) -> SparseConv2d:
+    """A plain conv wrapped (masked by `mask`); an existing SparseConv2d as it is (mask updated)."""
+    if not isinstance(module, SparseConv2d):
+        return SparseConv2d.from_dense(module, backend, mask)
+    with torch.no_grad():
+        _apply_mask_(module, name, mask)
+    return module
+
+
+def _parameter_dtype(model: nn.Module, inputs: tuple) -> torch.dtype:
+    tensors = [*model.parameters(), *model.buffers(), *(x for x in inputs if isinstance(x, torch.Tensor))]
+    return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+
+
+def _cast(inputs: tuple, dtype: torch.dtype) -> tuple:
+    return tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+
+
+def _tensors(output) -> List[torch.Tensor]:
+    """The tensors of a model output: a tensor, or nested tuples / lists / dicts of them."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        return [tensor for item in output for tensor in _tensors(item)]
+    return []
+
+
+def _max_rel_error(output, reference) -> Optional[float]:
+    pairs = [(out, ref) for out, ref in zip(_tensors(output), _tensors(reference))
+             if out.is_floating_point() and ref.is_floating_point()]
+    return max((relative_error(out, ref) for out, ref in pairs), default=None)
 
 
 def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
               filter_fn: Optional[FilterFn] = None, masks: Optional[Dict[str, torch.Tensor]] = None,
-              backends: Optional[List[str]] = None) -> nn.Module:
-    """Replace every Conv1d/Conv2d of `model` (selected by `filter_fn(name, module)`) by `SparseConv2d`.
+              backends: Optional[List[str]] = None, dtype: Optional[str] = None, cache_dir=None,
+              retune: bool = False, progress: Optional[bool] = None) -> nn.Module:
+    """Run every Conv1d/Conv2d of `model` (selected by `filter_fn(name, module)`) as `SparseConv2d`.
 
-    backend: a registered backend name, or "auto" to time every backend that supports each layer
-    (restricted to `backends` when given; dense is always a candidate) on the layer's real input
-    from running `model(*example_inputs)`, and keep the fastest. `masks` maps module names to bool
-    masks; by default a weight's zeros are its pruned positions. Returns `model`, modified in place.
+    backend: a registered backend name for every layer, or "auto" to tune each layer on its real
+    input from `model(*example_inputs)` (see `autotune_model`, whose `TuneReport` is kept as
+    `model.sparsecnn_report`). Layers that already are `SparseConv2d` (e.g. from
+    `prepare_for_inference`) keep their weight, bias, mask and activation and get a new backend.
+    masks: module name -> bool mask (default: a `weight_mask` from torch.nn.utils.prune, else the
+    weight's non-zeros; an existing SparseConv2d keeps its mask). dtype: None (the model's own
+    precision, exact) or "fp32" (exact, no TF32), "tf32", "fp16", "bf16", "fp64"; the model is
+    converted to that dtype. Returns `model`, modified in place.
     """
-    selected = _convs(model, filter_fn)
-    if backend != "auto":
-        get_backend(backend)
-        for name, conv in selected:
-            _replace(model, name, SparseConv2d.from_dense(conv, backend, _mask(masks, name)))
+    if backend == "auto":
+        if example_inputs is None:
+            raise ValueError("backend='auto' needs example_inputs to time the candidates on")
+        model.sparsecnn_report = autotune_model(model, example_inputs, filter_fn=filter_fn, masks=masks,
+                                                backends=backends, dtype=dtype, cache_dir=cache_dir,
+                                                retune=retune, progress=progress)
         return model
-    if example_inputs is None:
-        raise ValueError("backend='auto' needs example_inputs to time the candidates on")
-    inputs = _layer_inputs(model, [conv for _, conv in selected], _as_tuple(example_inputs))
-    for name, conv in selected:
-        if conv not in inputs:
-            continue  # never reached by this input: leave it untouched
-        _replace(model, name, _tuned(conv, _mask(masks, name), inputs[conv], backends))
+    get_backend(backend)
+    inputs = _as_tuple(example_inputs) if example_inputs is not None else ()
+    model.to(resolve_policy(dtype, _parameter_dtype(model, inputs)).dtype)
+    for name, module in _selected(model, filter_fn):
+        layer = _sparse_layer(name, module, backend, (masks or {}).get(name))
+        if layer is module:
+            layer._set_backend(backend, None)
+        else:
+            _replace(model, name, layer)
     return model
 
 
-def _mask(masks: Optional[Dict[str, torch.Tensor]], name: str) -> Optional[torch.Tensor]:
-    return None if masks is None else masks.get(name)
+def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[FilterFn] = None,
+                   masks: Optional[Dict[str, torch.Tensor]] = None, backends: Optional[List[str]] = None,
+                   dtype: Optional[str] = None, cache_dir=None, retune: bool = False,
+                   progress: Optional[bool] = None, timer: Optional[Timer] = None,
+                   drop_ratio: float = DEFAULT_DROP_RATIO) -> TuneReport:
+    """Make each selected conv of `model` a `SparseConv2d` running its fastest candidate; in place.
+
+    example_inputs: a tensor or a tuple of `model`'s positional inputs, on the model's device (put
+    the model in eval mode first: it runs twice). Each layer is tuned at the shape it sees
+    (`autotune.tune_layer`): every backend x config supporting it (only `backends`, plus the dense
+    ones, when given) at the precision policy `dtype` (see `sparsify_`), decisions cached in
+    `cache_dir` (default `autotune.default_cache_dir()`) unless `retune`. progress: a tqdm bar
+    (default: when stderr is a terminal). timer: how candidates are timed (default: measured on the
+    inputs' device). Layers the inputs never reach are left as they were. Returns the `TuneReport`,
+    with the max relative error of the tuned model's outputs against the original model's
+    (computed before conversion, TF32 off).
+    """
+    inputs = _as_tuple(example_inputs)
+    policy = resolve_policy(dtype, _parameter_dtype(model, inputs))
+    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    cache = TuneCache(cache_dir, environment_fingerprint(device))
+    timer = timer or MeasuringTimer(device)
+    show = sys.stderr.isatty() if progress is None else progress
+    with torch.no_grad(), tf32_flags(False):
+        reference = model(*inputs)
+        model.to(policy.dtype)
+        originals = dict(_selected(model, filter_fn))
+        layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
+        for name, layer in layers.items():
+            if layer is not originals[name]:
+                _replace(model, name, layer)
+        tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio,
+                              tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show))
+        output = tuning.run(model, _cast(inputs, policy.dtype))
+    unreached = [name for name in layers if name not in tuning.results]
+    for name in unreached:
+        if layers[name] is not originals[name]:
+            _replace(model, name, originals[name])
+    _log_notes(tuning.results.values())
+    return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
+                      str(cache.directory))
 
 
-def _tuned(conv: nn.Module, mask: Optional[torch.Tensor], x: torch.Tensor,
-           backends: Optional[List[str]]) -> SparseConv2d:
-    layer = SparseConv2d.from_dense(conv, "dense", mask)
-    spec = layer.spec_for(x)
-    x4 = x.unsqueeze(2) if layer.conv_dims == 1 else x
-    weight = layer._weight_4d().detach().contiguous()
-    candidates = candidates_for(spec, x.dtype, x.device.type, backends)
-    best, times = pick_fastest(x4, weight, layer.bias, spec, candidates)
-    layer._set_backend(best.backend, best.config)
-    layer.timings = times
-    return layer
+class _LayerTuning:
+    """The forward pre-hooks that tune each layer the first time it runs."""
+
+    def __init__(self, layers: Dict[str, SparseConv2d], masks: Dict[str, torch.Tensor], policy: PrecisionPolicy,
+                 backends: Optional[List[str]], cache: TuneCache, timer: Timer, retune: bool, drop_ratio: float,
+                 bar: tqdm):
+        self.layers, self.masks, self.policy, self.backends = layers, masks, policy, backends
+        self.cache, self.timer, self.retune, self.drop_ratio, self.bar = cache, timer, retune, drop_ratio, bar
+        self.results = {}
+
+    def run(self, model: nn.Module, inputs: tuple):
+        """`model(*inputs)` with every layer tuned just before its first call; returns the output."""
+        hooks = [layer.register_forward_pre_hook(self._hook(name), with_kwargs=True)
+                 for name, layer in self.layers.items()]
+        try:
+            return model(*inputs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+            self.bar.close()
+
+    def _hook(self, name: str):
+        def tune_before_first_call(layer: SparseConv2d, args: tuple, kwargs: dict):
+            if name not in self.results:
+                residual = kwargs.get("residual", args[1] if len(args) > 1 else None)
+                self.bar.set_postfix_str(name)
+                self.results[name] = self._tune(name, layer, args[0], residual)
+                self.bar.update(1)
+
+        return tune_before_first_call
+
+    def _tune(self, name: str, layer: SparseConv2d, x: torch.Tensor, residual: Optional[torch.Tensor]):
+        _apply_mask_(layer, name, self.masks.get(name))
+        spec = layer.spec_for(x)
+        as_2d = (lambda t: t.unsqueeze(2)) if layer.conv_dims == 1 else (lambda t: t)
+        result = tune_layer(name, as_2d(x), layer._weight_4d().detach().contiguous(), layer.bias, spec, self.policy,
+                            candidates_for(spec, self.policy, x.device.type, self.backends), self.timer,
+                            self.cache, self.retune, self.drop_ratio, layer.activation,
+                            None if residual is None else as_2d(residual))
+        layer._set_backend(result.backend, result.config)
+        layer.timings = {**{label: math.nan for label in result.dropped}, **result.times_ms}
+        return result
+
+
+def _log_notes(results: Sequence) -> None:
+    """One warning per distinct reason a cached decision could not be used, naming its layers."""
+    by_note: Dict[str, List[str]] = collections.defaultdict(list)
+    for result in results:
+        if result.cache_note is not None:
+            by_note[result.cache_note].append(result.name)
+    for note, names in by_note.items():
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        _LOG.warning("re-tuned %s: %s", shown, note)

@@ -1,0 +1,84 @@
+"""What tuning chose, per layer and for the model, with a text table."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+from ..layers import ConvSpec
+
+
+@dataclasses.dataclass
+class LayerResult:
+    """One layer's decision.
+
+    choice: the chosen candidate's label; time_ms / dense_ms: median ms of the choice and of the
+    `dense` baseline at the same precision; times_ms: median ms of every fully benchmarked
+    candidate; dropped: label -> why it was not benchmarked (empty on a cache hit); cache: "hit",
+    "tuned", or "retuned" with `cache_note` saying why the entry on disk could not be used.
+    """
+
+    name: str
+    spec: ConvSpec
+    backend: str
+    config: Any
+    choice: str
+    time_ms: float
+    dense_ms: float
+    times_ms: Dict[str, float]
+    dropped: Dict[str, str]
+    cache: str
+    cache_note: Optional[str] = None
+
+    @property
+    def speedup(self) -> float:
+        return self.dense_ms / self.time_ms
+
+
+def _shape(spec: ConvSpec) -> str:
+    return (f"{spec.N}x{spec.C}x{spec.H}x{spec.W} -> {spec.K}, {spec.R}x{spec.S}/{spec.stride[0]}"
+            + (f" g{spec.groups}" if spec.groups != 1 else ""))
+
+
+@dataclasses.dataclass
+class TuneReport:
+    """The decisions for a model: one `LayerResult` per tuned conv (in call order), the precision
+    policy name, the max relative error of the tuned model's outputs against the original model's
+    (None when not checked), the conv layers the example input never reached, and the cache dir."""
+
+    layers: List[LayerResult]
+    policy: str
+    max_rel_error: Optional[float] = None
+    unreached: List[str] = dataclasses.field(default_factory=list)
+    cache_dir: Optional[str] = None
+
+    @property
+    def total_ms(self) -> float:
+        """Sum of the chosen layers' median ms (convolutions only)."""
+        return sum(layer.time_ms for layer in self.layers)
+
+    @property
+    def dense_total_ms(self) -> float:
+        return sum(layer.dense_ms for layer in self.layers)
+
+    def share(self, layer: LayerResult) -> float:
+        """The layer's fraction of the tuned model's conv time."""
+        return layer.time_ms / self.total_ms if self.total_ms > 0 else 0.0
+
+    def format(self) -> str:
+        """A markdown table (layer, shape, choice, ms, dense ms, speedup, share, cache) and totals."""
+        lines = ["| layer | shape (NxCxHxW -> K, RxS/stride) | choice | ms | dense ms | speedup | share | cache |",
+                 "|---|---|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {layer.name} | {_shape(layer.spec)} | {layer.choice} | {layer.time_ms:.4f} | "
+                  f"{layer.dense_ms:.4f} | {layer.speedup:.2f}x | {self.share(layer):.1%} | {layer.cache} |"
+                  for layer in self.layers]
+        speedup = self.dense_total_ms / self.total_ms if self.total_ms > 0 else float("nan")
+        lines.append(f"\nconvolutions ({self.policy}): {self.total_ms:.4f} ms tuned, {self.dense_total_ms:.4f} ms "
+                     f"dense, {speedup:.2f}x")
+        if self.max_rel_error is not None:
+            lines.append(f"max relative error of the outputs vs the original model: {self.max_rel_error:.2e}")
+        if self.unreached:
+            lines.append(f"not reached by the example inputs (left as they were): {', '.join(self.unreached)}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()

@@ -1,0 +1,61 @@
+"""Tune one layer: reuse the decision on disk, or time the candidates and store the winner."""
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import torch
+
+from ..layers import ConvSpec
+from .cache import CachedDecision, TuneCache, layer_key
+from .precision import PrecisionPolicy, tf32_flags
+from .report import LayerResult
+from .select import BASELINE, DEFAULT_DROP_RATIO, Candidate, Timer, pick_fastest
+
+ACTIVATIONS = ("none", "relu")
+
+
+def _normalised(value):
+    """`value` as it reads back from JSON (tuples become lists), for comparing with stored entries."""
+    return json.loads(json.dumps(value))
+
+
+def _offered(decision: CachedDecision, candidates: List[Candidate]) -> Optional[Candidate]:
+    wanted = [decision.backend, decision.config]
+    return next((c for c in candidates if _normalised(list(c.saved())) == wanted), None)
+
+
+def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], spec: ConvSpec,
+               policy: PrecisionPolicy, candidates: List[Candidate], timer: Timer,
+               cache: Optional[TuneCache] = None, retune: bool = False, drop_ratio: float = DEFAULT_DROP_RATIO,
+               activation: str = "none", residual: Optional[torch.Tensor] = None) -> LayerResult:
+    """The fastest of `candidates` for one layer, from `cache` when it holds a usable decision.
+
+    x: the layer's input (N, C, H, W) in `policy.dtype`; weight: masked (K, C // groups, R, S);
+    bias: (K,) or None; activation ("none" or "relu") and residual (None or the output's shape) are
+    the fused epilogue every candidate runs with. retune: time even when a decision is cached.
+    Timing runs with the global TF32 flags off (see `precision`). The result's `cache_note` says why
+    an entry on disk was not used, when one existed.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    key = layer_key(spec, policy.name, weight, bias is not None, activation, residual is not None,
+                    [candidate.saved() for candidate in candidates])
+    note = None
+    if cache is not None and not retune:
+        decision, note = cache.lookup(key)
+        chosen = None if decision is None else _offered(decision, candidates)
+        if chosen is not None:
+            return LayerResult(name, spec, chosen.backend, chosen.config, chosen.label(), decision.time_ms,
+                               decision.dense_ms, dict(decision.times_ms), {}, "hit")
+        if decision is not None:
+            note = f"the cached choice {decision.backend} {decision.config} is not among this run's candidates"
+    with tf32_flags(False):
+        selection = pick_fastest(x, weight, bias, spec, candidates, timer, drop_ratio, activation == "relu", residual)
+    dense_ms = selection.times_ms.get(Candidate(BASELINE).label(), float("nan"))
+    best = selection.best
+    if cache is not None:
+        cache.store(key, CachedDecision(best.backend, best.saved()[1], selection.best_ms, dense_ms,
+                                        selection.times_ms))
+    return LayerResult(name, spec, best.backend, best.config, best.label(), selection.best_ms, dense_ms,
+                       selection.times_ms, selection.dropped, "tuned" if note is None else "retuned", note)

@@ -1,0 +1,350 @@
+"""The autotuner: cache keys, persistence, early exit, damaged caches, concurrent writers, precision
+policies, the summary, and sparsify_ on models that are already sparse. Timings are fake (an
+injected timer), so nothing here measures anything."""
+import copy
+import json
+import logging
+import math
+import multiprocessing
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import sparse_weight
+from sparsecnn import SparseConv2d, sparsify_
+from sparsecnn.autotune import (POLICIES, Candidate, LayerResult, TuneCache, TuneReport, candidates_for,
+                                layer_key, tune_layer)
+from sparsecnn.autotune.cache import CachedDecision
+from sparsecnn.autotune.precision import uses_tf32
+from sparsecnn.kernels.reference import relative_error
+from sparsecnn.layers import ConvSpec
+from sparsecnn.nn import autotune_model
+
+FP32 = POLICIES["fp32"]
+ENV_A = {"device": "GPU A", "torch": "1.0", "triton": "3.0", "driver": "580"}
+ENV_B = {**ENV_A, "device": "GPU B"}
+CPU_CANDIDATES = [Candidate("dense"), Candidate("im2col-cublas"), Candidate("im2col-cusparse")]
+
+
+class FakeTimer:
+    """Scripted timings per backend name: probe (one run) and measure (full benchmark) in ms.
+
+    Each call runs the candidate once (so its kernel really works); a backend in `failing` raises."""
+
+    def __init__(self, probe_ms=None, measure_ms=None, failing=()):
+        self.probe_ms, self.measure_ms, self.failing = probe_ms or {}, measure_ms or {}, set(failing)
+        self.probed, self.measured = [], []
+
+    def probe(self, candidate, fn):
+        self.probed.append(candidate.backend)
+        if candidate.backend in self.failing:
+            raise RuntimeError("this GPU refuses the config")
+        fn()
+        return self.probe_ms.get(candidate.backend, 1.0)
+
+    def measure(self, candidate, fn):
+        self.measured.append(candidate.backend)
+        fn()
+        return self.measure_ms.get(candidate.backend, self.probe_ms.get(candidate.backend, 1.0))
+
+
+def _layer(c=8, k=16, size=9, sparsity=0.8, batch=2):
+    weight = sparse_weight((k, c, 3, 3), sparsity)
+    spec = ConvSpec(batch, c, k, size, size, 3, 3, 1, 1)
+    return torch.randn(batch, c, size, size), weight, torch.randn(k), spec
+
+
+def _tune(cache, timer, layer=None, candidates=CPU_CANDIDATES, **kwargs):
+    x, weight, bias, spec = layer or _layer()
+    return tune_layer("conv", x, weight, bias, spec, FP32, candidates, timer, cache, **kwargs)
+
+
+def _model():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1))
+    with torch.no_grad():
+        for conv in (model[0], model[2]):
+            conv.weight.copy_(sparse_weight(conv.weight.shape, 0.8))
+    return model.eval()
+
+
+def test_cache_key_changes_with_each_component_but_not_with_weight_values():
+    x, weight, bias, spec = _layer()
+    saved = [c.saved() for c in CPU_CANDIDATES]
+    base = layer_key(spec, "fp32", weight, True, "none", False, saved)
+    fewer_zeros = weight.clone()
+    fewer_zeros[weight == 0] = 1.0
+    variants = [
+        layer_key(spec.with_batch(3), "fp32", weight, True, "none", False, saved),
+        layer_key(ConvSpec(2, 8, 16, 9, 9, 3, 3, 2, 1), "fp32", weight, True, "none", False, saved),
+        layer_key(spec, "tf32", weight, True, "none", False, saved),
+        layer_key(spec, "fp32", fewer_zeros, True, "none", False, saved),
+        layer_key(spec, "fp32", weight, False, "none", False, saved),
+        layer_key(spec, "fp32", weight, True, "relu", False, saved),
+        layer_key(spec, "fp32", weight, True, "none", True, saved),
+        layer_key(spec, "fp32", weight, True, "none", False, saved[:2]),
+    ]
+    assert all(variant != base for variant in variants)
+    assert len({json.dumps(v, sort_keys=True) for v in variants}) == len(variants)
+    assert layer_key(spec, "fp32", weight * 3, True, "none", False, saved) == base  # pattern, not values
+    assert TuneCache("/tmp/x", ENV_A).path(base) != TuneCache("/tmp/x", ENV_B).path(base)
+    assert TuneCache("/tmp/x", ENV_A).path(base) != TuneCache("/tmp/x", ENV_A).path(variants[0])
+
+
+def test_decision_is_persisted_and_reused_without_timing(tmp_path):
+    layer = _layer()
+    first = _tune(TuneCache(tmp_path, ENV_A), FakeTimer(measure_ms={"im2col-cublas": 0.5}), layer)
+    assert first.cache == "tuned" and first.backend == "im2col-cublas"
+    timer = FakeTimer()
+    again = _tune(TuneCache(tmp_path, ENV_A), timer, layer)
+    assert timer.probed == [] and timer.measured == []
+    assert again.cache == "hit" and again.choice == first.choice
+    assert again.time_ms == 0.5 and again.dense_ms == 1.0 and again.times_ms == first.times_ms
+    forced = _tune(TuneCache(tmp_path, ENV_A), FakeTimer(), layer, retune=True)
+    assert forced.cache == "tuned" and forced.backend == "dense"
+
+
+def test_a_candidate_much_slower_in_one_run_is_never_benchmarked(tmp_path):
+    timer = FakeTimer(probe_ms={"dense": 30.0, "im2col-cublas": 1.0, "im2col-cusparse": 20.0})
+    result = _tune(None, timer)
+    assert timer.probed == ["dense", "im2col-cublas", "im2col-cusparse"]
+    assert timer.measured == ["dense", "im2col-cublas"]  # dense, the baseline, is always measured
+    assert "over 10x" in result.dropped["im2col-cusparse"] and result.backend == "im2col-cublas"
+    assert result.dense_ms == 30.0 and result.speedup == 30.0
+
+
+def test_a_candidate_that_errors_is_dropped(tmp_path):
+    timer = FakeTimer(measure_ms={"dense": 2.0, "im2col-cusparse": 1.5}, failing={"im2col-cublas"})
+    result = _tune(TuneCache(tmp_path, ENV_A), timer)
+    assert timer.measured == ["dense", "im2col-cusparse"]
+    assert result.dropped["im2col-cublas"].startswith("error: RuntimeError: this GPU refuses")
+    assert result.backend == "im2col-cusparse" and set(result.times_ms) == {"dense", "im2col-cusparse"}
+
+
+def test_no_candidate_running_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="no candidate ran"):
+        _tune(None, FakeTimer(failing={"dense", "im2col-cublas", "im2col-cusparse"}))
+
+
+def _damage_truncate(path):
+    path.write_text(path.read_text()[: len(path.read_text()) // 2])
+
+
+def _damage_garbage(path):
+    path.write_bytes(b"\x00\xff not json")
+
+
+def _damage_fields(path):
+    entry = json.loads(path.read_text())
+    del entry["decision"]["time_ms"]
+    path.write_text(json.dumps(entry))
+
+
+def _damage_environment(path):
+    entry = json.loads(path.read_text())
+    entry["environment"]["driver"] = "999"
+    path.write_text(json.dumps(entry))
+
+
+@pytest.mark.parametrize("damage, message", [(_damage_truncate, "corrupt"), (_damage_garbage, "corrupt"),
+                                             (_damage_fields, "corrupt"),
+                                             (_damage_environment, "driver: '999' -> '580'")])
+def test_damaged_cache_entry_is_retuned_with_a_message(tmp_path, damage, message):
+    layer = _layer()
+    cache = TuneCache(tmp_path, ENV_A)
+    _tune(cache, FakeTimer(), layer)
+    (path,) = tmp_path.glob("*.json")
+    damage(path)
+    timer = FakeTimer()
+    result = _tune(cache, timer, layer)
+    assert result.cache == "retuned" and message in result.cache_note and timer.measured
+    assert _tune(cache, FakeTimer(), layer).cache == "hit"  # rewritten whole
+
+
+def test_decision_from_another_gpu_is_retuned_and_both_are_kept(tmp_path):
+    layer = _layer()
+    _tune(TuneCache(tmp_path, ENV_A), FakeTimer(), layer)
+    other = _tune(TuneCache(tmp_path, ENV_B), FakeTimer(), layer)
+    assert other.cache == "retuned" and "another environment (device: 'GPU A' -> 'GPU B')" in other.cache_note
+    assert _tune(TuneCache(tmp_path, ENV_A), FakeTimer(), layer).cache == "hit"
+    assert _tune(TuneCache(tmp_path, ENV_B), FakeTimer(), layer).cache == "hit"
+
+
+def test_a_cached_choice_no_longer_offered_is_retuned(tmp_path):
+    layer = _layer()
+    cache = TuneCache(tmp_path, ENV_A)
+    x, weight, bias, spec = layer
+    key = layer_key(spec, "fp32", weight, True, "none", False, [c.saved() for c in CPU_CANDIDATES])
+    cache.store(key, CachedDecision("blocks", {"t2": 8}, 0.1, 1.0, {}))
+    result = _tune(cache, FakeTimer(), layer)
+    assert result.cache == "retuned" and "not among this run's candidates" in result.cache_note
+
+
+def _write_many(directory, key, writer, count):
+    cache = TuneCache(directory, ENV_A)
+    for i in range(count):
+        cache.store(key, CachedDecision("dense", None, float(writer * 1000 + i), 1.0, {"dense": 1.0}))
+
+
+def test_concurrent_writers_never_leave_a_corrupt_file(tmp_path):
+    x, weight, bias, spec = _layer()
+    key = layer_key(spec, "fp32", weight, True, "none", False, [])
+    context = multiprocessing.get_context("fork")
+    processes = [context.Process(target=_write_many, args=(tmp_path, key, w, 150)) for w in (1, 2)]
+    threads = [threading.Thread(target=_write_many, args=(tmp_path, key, w, 150)) for w in (3, 4)]
+    for worker in processes + threads:
+        worker.start()
+    cache, reads = TuneCache(tmp_path, ENV_A), []
+    while any(worker.is_alive() for worker in processes + threads):
+        reads.append(cache.lookup(key))
+    for worker in processes + threads:
+        worker.join()
+    assert all(p.exitcode == 0 for p in processes)
+    assert all(note is None for _, note in reads)  # every read saw a whole file or none yet
+    decision, note = cache.lookup(key)
+    assert note is None and decision.time_ms % 1000 == 149
+    assert [p.name for p in tmp_path.iterdir()] == [cache.path(key).name]  # no temporary files left
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "cpu"])
+def test_policies_offer_only_the_precisions_they_allow(device_type):
+    spec = ConvSpec(8, 64, 64, 14, 14, 3, 3, 1, 1)
+    offered = {name: candidates_for(spec, POLICIES[name], device_type) for name in ("fp32", "tf32", "fp16")}
+    assert not any(uses_tf32(c.backend, c.config) for name in ("fp32", "fp16") for c in offered[name])
+    assert Candidate("dense") in offered["fp32"]
+    if device_type == "cpu":
+        assert offered["tf32"] == offered["fp32"] and offered["fp16"] == []  # no TF32 or fp16 CPU kernels
+        return
+    tf32 = [c for c in offered["tf32"] if uses_tf32(c.backend, c.config)]
+    assert Candidate("dense-tf32") in tf32 and any(c.backend == "blocks" for c in tf32)
+    assert set(offered["fp32"]) < set(offered["tf32"])
+    assert Candidate("dense-channels-last") in offered["fp16"]
+    assert not any(c.backend == "dense-channels-last" for c in offered["fp32"])
+
+
+def test_summary_table_lists_choice_time_speedup_and_share():
+    spec = ConvSpec(1, 3, 8, 8, 8, 3, 3)
+    layers = [LayerResult("features.0", spec, "direct", None, "direct[cfg]", 0.3, 0.6, {}, {}, "tuned"),
+              LayerResult("features.3", spec, "dense", None, "dense", 0.1, 0.1, {}, {}, "hit")]
+    report = TuneReport(layers, "fp16", max_rel_error=1.5e-3, unreached=["aux.conv"])
+    table = report.format()
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:4]]
+    assert rows[0] == ["features.0", "1x3x8x8 -> 8, 3x3/1", "direct[cfg]", "0.3000", "0.6000", "2.00x", "75.0%",
+                       "tuned"]
+    assert rows[1] == ["features.3", "1x3x8x8 -> 8, 3x3/1", "dense", "0.1000", "0.1000", "1.00x", "25.0%", "hit"]
+    assert "convolutions (fp16): 0.4000 ms tuned, 0.7000 ms dense, 1.75x" in table
+    assert "1.50e-03" in table and "aux.conv" in table and str(report) == table
+
+
+def test_autotune_model_reuses_the_cache_and_reports_the_error(tmp_path):
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    ref, untuned = model(x), copy.deepcopy(model)
+    timer = FakeTimer(measure_ms={"im2col-cusparse": 0.5})
+    report = autotune_model(model, x, cache_dir=tmp_path, timer=timer, progress=False)
+    assert [layer.name for layer in report.layers] == ["0", "2"] and report.policy == "fp32"
+    assert all(isinstance(model[i], SparseConv2d) and model[i].backend == "im2col-cusparse" for i in (0, 2))
+    assert set(model[0].timings) == {"dense", "im2col-cublas", "im2col-cusparse"}
+    assert report.max_rel_error < 1e-6 and relative_error(model(x), ref) < 1e-6
+    second_timer = FakeTimer()
+    again = autotune_model(untuned, x, cache_dir=tmp_path, timer=second_timer, progress=False)
+    assert second_timer.probed == [] and [layer.cache for layer in again.layers] == ["hit", "hit"]
+
+
+def test_autotune_model_says_why_it_retunes(tmp_path, monkeypatch, caplog):
+    import sparsecnn.nn.sparsify as sparsify_module
+
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    monkeypatch.setattr(sparsify_module, "environment_fingerprint", lambda device: ENV_A)
+    autotune_model(copy.deepcopy(model), x, cache_dir=tmp_path, timer=FakeTimer(), progress=False)
+    monkeypatch.setattr(sparsify_module, "environment_fingerprint", lambda device: ENV_B)
+    with caplog.at_level(logging.WARNING, logger="sparsecnn.autotune"):
+        report = autotune_model(model, x, cache_dir=tmp_path, timer=FakeTimer(), progress=False)
+    assert [layer.cache for layer in report.layers] == ["retuned", "retuned"]
+    (record,) = caplog.records  # one line for both layers: they share the reason
+    assert "re-tuned 0, 2" in record.message and "'GPU A' -> 'GPU B'" in record.message
+
+
+def test_cache_dir_comes_from_the_environment_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSECNN_CACHE_DIR", str(tmp_path / "from-env"))
+    report = autotune_model(_model(), torch.randn(1, 3, 8, 8), timer=FakeTimer(), progress=False)
+    assert report.cache_dir == str(tmp_path / "from-env") and len(list((tmp_path / "from-env").glob("*.json"))) == 2
+
+
+def test_bf16_policy_converts_the_model_and_reports_its_error(tmp_path):
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    report = autotune_model(model, x, dtype="bf16", cache_dir=tmp_path, timer=FakeTimer(), progress=False)
+    assert report.policy == "bf16" and model[0].weight.dtype == torch.bfloat16
+    assert all(layer.backend == "dense" for layer in report.layers)  # the only CPU bf16 backend
+    assert 1e-4 < report.max_rel_error < 3e-2
+    with pytest.raises(ValueError, match="dtype must be None or one of fp32, tf32"):
+        autotune_model(_model(), x, dtype="int8", cache_dir=tmp_path, timer=FakeTimer())
+
+
+def test_masks_filter_and_unreached_layers(tmp_path):
+    class TwoBranches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main, self.unused, self.skipped = _model(), nn.Conv2d(3, 4, 1), nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            return self.skipped(self.main(x))
+
+    model, x = TwoBranches(), torch.randn(1, 3, 8, 8)
+    mask = torch.rand(model.main[0].weight.shape) > 0.5
+    report = autotune_model(model, x, masks={"main.0": mask}, filter_fn=lambda name, m: name != "skipped",
+                            cache_dir=tmp_path, timer=FakeTimer(), progress=False)
+    assert [layer.name for layer in report.layers] == ["main.0", "main.2"] and report.unreached == ["unused"]
+    assert type(model.unused) is nn.Conv2d and type(model.skipped) is nn.Conv2d
+    assert torch.equal(model.main[0].mask, mask)
+
+
+def test_already_sparse_layers_keep_weight_bias_mask_and_activation(tmp_path):
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    sparsify_(model, backend="im2col-cublas")
+    model[0].activation = "relu"
+    model[1] = nn.Identity()  # the ReLU now lives in model[0]
+    first = model[0]
+    weight, bias, mask = first.weight.clone(), first.bias.clone(), first.mask.clone()
+    ref = model(x)
+    timer = FakeTimer(measure_ms={"im2col-cusparse": 0.5})
+    report = autotune_model(model, x, cache_dir=tmp_path, timer=timer, progress=False)
+    assert model[0] is first and first.backend == "im2col-cusparse" and first.activation == "relu"
+    assert torch.equal(first.weight, weight) and torch.equal(first.bias, bias) and torch.equal(first.mask, mask)
+    assert report.max_rel_error < 1e-6 and relative_error(model(x), ref) < 1e-6
+    sparsify_(model, backend="dense")
+    assert model[0] is first and first.backend == "dense" and first.activation == "relu"
+
+
+def test_sparsify_stores_the_report_on_the_model(tmp_path):
+    model = sparsify_(_model(), torch.randn(1, 3, 8, 8), cache_dir=tmp_path, progress=False)
+    assert isinstance(model.sparsecnn_report, TuneReport) and len(model.sparsecnn_report.layers) == 2
+
+
+@pytest.mark.gpu
+def test_autotuned_resnet18_cifar_equals_the_dense_model(tmp_path):
+    from sparsecnn.models import build_model
+    from sparsecnn.prune import prune_magnitude_
+
+    model = build_model("resnet18-cifar").eval().cuda()
+    prune_magnitude_(model, 0.9)
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double()(x.double())
+    report = autotune_model(model, x, dtype="fp32", cache_dir=tmp_path, progress=False)
+    assert len(report.layers) == 20 and report.max_rel_error < 1e-5
+    assert all(not uses_tf32(layer.backend, layer.config) for layer in report.layers)
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        assert relative_error(model(x), ref) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, limit", [("tf32", 5e-3), ("fp16", 5e-3)])
+def test_tf32_and_fp16_policies_on_cuda(tmp_path, dtype, limit):
+    model = _model().cuda()
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    saved = torch.backends.cudnn.allow_tf32
+    report = autotune_model(model, x, dtype=dtype, cache_dir=tmp_path, progress=False)
+    assert torch.backends.cudnn.allow_tf32 == saved  # tuning leaves the global flags as they were
+    assert report.policy == dtype and report.max_rel_error < limit and not math.isnan(report.total_ms)
+    assert model[0].weight.dtype == POLICIES[dtype].dtype
