@@ -1,4 +1,4 @@
-"""`sparsecnn` command line: layers, backends, bench layers/model, report, demo."""
+"""`sparsecnn` command line: layers, backends, bench layers/model, report, demo, prune."""
 from __future__ import annotations
 
 import argparse
@@ -85,6 +85,56 @@ def _cmd_demo(args) -> None:
     run_demo(args.model, args.sparsity, args.batch, args.device)
 
 
+def _cmd_prune(args) -> None:
+    import torch
+
+    from .data import load_digits_split
+    from .models import build_model, default_input_shape
+    from .prune import format_sparsity_report, get_method, layer_sparsities, load_pruned, save_pruned
+    from .prune import prune_with, sparsity_report
+    from .prune.methods import top1_accuracy, train_dense_
+
+    get_method(args.method)
+    quantizer = _quantizer(args.quantize)
+    torch.manual_seed(args.seed)
+    model = build_model(args.model)
+    layer_sparsities(model, args.sparsity)
+    device = _device(args)
+    split = load_digits_split(default_input_shape(args.model), seed=args.seed).to(device)
+    if args.from_checkpoint:
+        load_pruned(args.from_checkpoint, model)
+    model.to(device)
+    if not args.from_checkpoint:
+        train_dense_(model, split, args.epochs, seed=args.seed, progress=True)
+    start_top1 = top1_accuracy(model, split)
+    options = {} if args.finetune_epochs is None else {"epochs": args.finetune_epochs}
+    masks = prune_with(args.method, model, split, args.sparsity, seed=args.seed, progress=True, **options)
+    report = dict(model=args.model, method=args.method, sparsity=args.sparsity, data=args.data, seed=args.seed,
+                  epochs=args.epochs, finetune_epochs=args.finetune_epochs, quantize=args.quantize,
+                  start=args.from_checkpoint or "dense", start_top1=start_top1, top1=top1_accuracy(model, split))
+    if quantizer is not None:
+        model, quantization = quantizer(model, split.train_x[:256])
+        report.update(quantized_top1=top1_accuracy(model, split), quantization=quantization.format())
+        print(quantization.format())
+    report["layers"] = sparsity_report(model, masks)
+    save_pruned(args.output, args.model, model, masks, report)
+    print(format_sparsity_report(report["layers"]))
+    quantized = f", {report['quantized_top1']:.2f}% after {args.quantize}" if quantizer is not None else ""
+    print(f"\ntop-1 on digits test: {report['start_top1']:.2f}% before ({report['start']}), "
+          f"{report['top1']:.2f}% after {args.method} pruning{quantized}; checkpoint written to {args.output}")
+
+
+def _quantizer(scheme: str):
+    """None for "none", else the `sparsecnn.prune.quantize.QUANTIZERS` entry named `scheme`."""
+    from .prune.quantize import QUANTIZERS
+
+    if scheme == "none":
+        return None
+    if scheme not in QUANTIZERS:
+        raise ValueError(f"--quantize: unknown scheme {scheme!r}; expected none, {', '.join(QUANTIZERS)}")
+    return QUANTIZERS[scheme]
+
+
 def _split(text: str) -> List[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
@@ -144,6 +194,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch", type=int, default=None)
     demo.add_argument("--device", default=None)
     demo.set_defaults(run=_cmd_demo)
+
+    prune = commands.add_parser("prune", help="train, prune and fine-tune a model; write a checkpoint")
+    prune.add_argument("model")
+    prune.add_argument("--method", default="magnitude", help="registered pruning method (sparsecnn.prune.method_names)")
+    prune.add_argument("--sparsity", type=float, default=0.9, help="fraction of zero weights in the pruned layers")
+    prune.add_argument("--data", choices=("digits",), default="digits")
+    prune.add_argument("-o", "--output", required=True, help="checkpoint path (sparsecnn.prune.load_pruned reads it)")
+    prune.add_argument("--epochs", type=int, default=8, help="dense training epochs (not used with --from)")
+    prune.add_argument("--finetune-epochs", type=int, default=None,
+                       help="epochs of each of the method's training phases (default: the method's own)")
+    prune.add_argument("--from", dest="from_checkpoint", default=None, help="start from this checkpoint, not dense")
+    prune.add_argument("--quantize", default="none",
+                       help="none or a sparsecnn.prune.quantize scheme (fixed8, fp16, kmeans16-int8, ...) applied after "
+                            "fine-tuning; the checkpoint holds the rounded weights, activation rounding is only "
+                            "applied for the reported accuracy")
+    prune.add_argument("--seed", type=int, default=0)
+    prune.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    prune.set_defaults(run=_cmd_prune)
     return parser
 
 

@@ -1,5 +1,8 @@
 """Pruning: dense weights with exact zeros, plus {module path: bool mask} dicts."""
+from .admm import admm_prune_, project_onto_sparsity
+from .checkpoint import load_pruned, save_pruned
 from .dlmc import apply_dlmc_, dlmc_layer_mask, dlmc_root, dlmc_sets, load_dlmc_masks
+from .gradual import gradual_prune_, polynomial_sparsity
 from .magnitude import (
     absorb_torch_prune_,
     magnitude_mask,
@@ -7,19 +10,33 @@ from .magnitude import (
     prunable_layers,
     prune_magnitude_,
 )
+from .methods import get_method, method_names, prune_with, register_method
 from .report import format_sparsity_report, sparsity_report
+from .targets import layer_sparsities, pruned_layers
 
 __all__ = [
     "absorb_torch_prune_",
+    "admm_prune_",
     "apply_dlmc_",
     "dlmc_layer_mask",
     "dlmc_root",
     "dlmc_sets",
     "format_sparsity_report",
+    "get_method",
+    "gradual_prune_",
+    "layer_sparsities",
     "load_dlmc_masks",
+    "load_pruned",
     "magnitude_mask",
     "masks_from_weights",
+    "method_names",
+    "polynomial_sparsity",
+    "project_onto_sparsity",
     "prunable_layers",
     "prune_magnitude_",
+    "prune_with",
+    "pruned_layers",
+    "register_method",
+    "save_pruned",
     "sparsity_report",
 ]

@@ -1,0 +1,77 @@
+"""Gradual magnitude pruning (Zhu & Gupta, 2017): sparsity rises on a cubic schedule during training.
+
+Every `prune_every` steps of the pruning phase each layer's mask is recomputed as the magnitude mask
+at s_t = s_f + (s_i - s_f) (1 - t / n)^3 (t steps done out of n): fast early, while many redundant
+weights remain, and slow near the target. Masked weights stay at zero between updates. The phase
+ends at exactly s_f; a fine-tuning phase with the masks fixed follows.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable
+
+import torch
+from torch import nn
+
+from .magnitude import Masks, _check_sparsity, magnitude_mask
+from .targets import SparsityTarget, layer_sparsities
+from .training import Batch, train_epochs
+
+
+def polynomial_sparsity(step: int, total_steps: int, final_sparsity: float,
+                        initial_sparsity: float = 0.0, exponent: float = 3.0) -> float:
+    """s_f + (s_i - s_f) (1 - step / total_steps)^exponent, with step clamped to [0, total_steps]:
+    s_i at step 0, s_f from `total_steps` on, monotone in between."""
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    final, initial = _check_sparsity(final_sparsity), _check_sparsity(initial_sparsity)
+    remaining = (1.0 - min(max(step, 0), total_steps) / total_steps) ** exponent
+    # The same value written as a convex combination, so both endpoints come out exactly.
+    return remaining * initial + (1.0 - remaining) * final
+
+
+@torch.no_grad()
+def _remask_(weights: Dict[str, torch.Tensor], masks: Masks, sparsities: Dict[str, float]) -> None:
+    for name, weight in weights.items():
+        masks[name] = magnitude_mask(weight, sparsities[name])
+        weight.mul_(masks[name])
+
+
+def gradual_prune_(model: nn.Module, batches: Iterable[Batch], sparsity: SparsityTarget, *,
+                   prune_epochs: int = 8, finetune_epochs: int = 6, prune_every: int = 10,
+                   initial_sparsity: float = 0.0, lr: float = 0.01, finetune_lr: float = 0.01,
+                   seed: int = 0, progress: bool = False) -> Masks:
+    """Prune the trained `model` in place on the cubic schedule, then fine-tune with masks fixed.
+
+    batches: sized iterable of (x, y) training batches. sparsity: fraction of zero weights, one
+    float for the default layers (`targets.pruned_layers`) or {module path: fraction}; every layer
+    starts at `initial_sparsity` (capped at its target) and reaches its target after `prune_epochs`
+    passes, re-masked every `prune_every` optimiser steps. Returns {module path: bool mask}; each
+    layer keeps exactly round((1 - s) * numel) weights.
+    """
+    if not hasattr(batches, "__len__"):
+        raise TypeError("batches must have a length: the schedule is laid out over prune_epochs passes")
+    if prune_every < 1:
+        raise ValueError(f"prune_every must be >= 1, got {prune_every}")
+    targets = layer_sparsities(model, sparsity)
+    modules = dict(model.named_modules())
+    weights = {name: modules[name].weight for name in targets}
+    total_steps = max(prune_epochs * len(batches), 1)
+
+    def at_step(done: int) -> Dict[str, float]:
+        return {name: polynomial_sparsity(done, total_steps, target, min(initial_sparsity, target))
+                for name, target in targets.items()}
+
+    masks: Masks = {}
+    _remask_(weights, masks, at_step(0))
+
+    def remask_on_schedule(_model: nn.Module, step: int) -> None:
+        done = step + 1
+        if done % prune_every == 0 or done == total_steps:
+            _remask_(weights, masks, at_step(done))
+
+    train_epochs(model, batches, prune_epochs, lr=lr, masks=masks, seed=seed,
+                 step_hook=remask_on_schedule, progress=progress, description="gradual")
+    _remask_(weights, masks, at_step(total_steps))
+    train_epochs(model, batches, finetune_epochs, lr=finetune_lr, masks=masks, seed=seed + 1,
+                 progress=progress, description="gradual fine-tune")
+    return masks

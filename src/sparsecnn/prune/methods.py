@@ -1,0 +1,117 @@
+"""Registry of pruning methods: name -> function that prunes a trained model and fine-tunes it.
+
+A method is called as `fn(model, split, sparsity, seed=0, progress=False, **options)`:
+model: a trained dense `nn.Module`, pruned and fine-tuned in place; split: a `DigitsSplit`-like
+object (train_x, train_y used; the test part is never touched) on any device (moved to the
+model's); sparsity: one float for `pruned_layers(model)` or {module path: fraction}. Options are
+the method's own; the built-in ones take `epochs` (None: the tuned default; an int: the length of
+each of its training phases, what `sparsecnn prune --finetune-epochs` sets) and `batch_size`.
+It returns {module path: bool mask} and leaves every weight outside its mask at exactly zero.
+Adding one: `register_method("name", fn)`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+from torch import nn
+
+from ..data import Batches
+from .admm import admm_prune_
+from .gradual import gradual_prune_
+from .magnitude import Masks, magnitude_mask
+from .targets import SparsityTarget, layer_sparsities, pruned_layers
+from .training import accuracy, apply_masks_, train_epochs
+
+PruneMethod = Callable[..., Masks]
+_METHODS: Dict[str, PruneMethod] = {}
+
+
+def register_method(name: str, fn: PruneMethod, *, replace: bool = False) -> PruneMethod:
+    """Make `fn` available as method `name`; re-registering a name needs `replace=True`."""
+    if not name or not isinstance(name, str):
+        raise ValueError(f"method name must be a non-empty string, got {name!r}")
+    if name in _METHODS and not replace:
+        raise ValueError(f"pruning method {name!r} is already registered")
+    _METHODS[name] = fn
+    return fn
+
+
+def method_names() -> List[str]:
+    """Registered method names, in registration order."""
+    return list(_METHODS)
+
+
+def get_method(name: str) -> PruneMethod:
+    if name not in _METHODS:
+        raise ValueError(f"unknown pruning method {name!r}; expected one of {', '.join(_METHODS)}")
+    return _METHODS[name]
+
+
+def prune_with(method: str, model: nn.Module, split, sparsity: SparsityTarget, seed: int = 0,
+               progress: bool = False, **options) -> Masks:
+    """Run registered `method` on `model` (see the module docstring for the arguments)."""
+    fn = get_method(method)
+    layer_sparsities(model, sparsity)  # bad targets fail here, before any training
+    return fn(model, split, sparsity, seed=seed, progress=progress, **options)
+
+
+def training_batches(model: nn.Module, split, batch_size: int = 64, seed: int = 0) -> Batches:
+    """Shuffled, seeded mini-batches of the split's training part on `model`'s device."""
+    device = next(model.parameters()).device
+    return Batches(split.train_x.to(device), split.train_y.to(device), batch_size, shuffle=True, seed=seed)
+
+
+def train_dense_(model: nn.Module, split, epochs: int = 8, lr: float = 0.02, seed: int = 0,
+                 batch_size: int = 64, progress: bool = False) -> None:
+    """Train `model` on the split's training part without masks (the dense starting point)."""
+    train_epochs(model, training_batches(model, split, batch_size, seed), epochs, lr=lr, seed=seed,
+                 progress=progress, description="dense")
+
+
+def top1_accuracy(model: nn.Module, split, batch_size: int = 512) -> float:
+    """Top-1 accuracy in percent on the split's test part."""
+    device = next(model.parameters()).device
+    return accuracy(model, Batches(split.test_x.to(device), split.test_y.to(device), batch_size))
+
+
+def _phase(epochs: Optional[int], default: int) -> int:
+    return default if epochs is None else epochs
+
+
+def magnitude_method(model: nn.Module, split, sparsity: SparsityTarget, seed: int = 0, progress: bool = False,
+                     epochs: Optional[int] = None, batch_size: int = 64, lr: float = 0.01) -> Masks:
+    """One-shot magnitude pruning of each layer to its target, then `epochs` (default 8) of masked
+    fine-tuning."""
+    modules = dict(model.named_modules())
+    masks = {name: magnitude_mask(modules[name].weight, target)
+             for name, target in layer_sparsities(model, sparsity).items()}
+    apply_masks_(model, masks)
+    train_epochs(model, training_batches(model, split, batch_size, seed), _phase(epochs, 8), lr=lr,
+                 masks=masks, seed=seed, progress=progress, description="magnitude fine-tune")
+    return masks
+
+
+def gradual_method(model: nn.Module, split, sparsity: SparsityTarget, seed: int = 0, progress: bool = False,
+                   epochs: Optional[int] = None, batch_size: int = 64, **options) -> Masks:
+    """`gradual_prune_`: `epochs` sets both its pruning and fine-tuning phases; other options pass on."""
+    if epochs is not None:
+        options.update(prune_epochs=epochs, finetune_epochs=epochs)
+    return gradual_prune_(model, training_batches(model, split, batch_size, seed), sparsity, seed=seed,
+                          progress=progress, **options)
+
+
+def admm_method(model: nn.Module, split, sparsity: SparsityTarget, seed: int = 0, progress: bool = False,
+                epochs: Optional[int] = None, batch_size: int = 64, **options) -> Masks:
+    """`admm_prune_`: `epochs` sets both its ADMM and fine-tuning phases; other options pass on."""
+    if epochs is not None:
+        options.update(admm_epochs=epochs, finetune_epochs=epochs)
+    return admm_prune_(model, training_batches(model, split, batch_size, seed), sparsity, seed=seed,
+                       progress=progress, **options)
+
+
+register_method("magnitude", magnitude_method)
+register_method("gradual", gradual_method)
+register_method("admm", admm_method)
+
+__all__ = ["PruneMethod", "get_method", "method_names", "prune_with", "pruned_layers", "register_method",
+           "top1_accuracy", "train_dense_", "training_batches"]
