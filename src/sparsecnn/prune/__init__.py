@@ -2,6 +2,7 @@
 from .admm import admm_prune_, project_onto_sparsity
 from .checkpoint import load_pruned, save_pruned
 from .dlmc import apply_dlmc_, dlmc_layer_mask, dlmc_root, dlmc_sets, load_dlmc_masks
+from .evolutionary import EvolutionSettings, evolutionary_prune_
 from .gradual import gradual_prune_, polynomial_sparsity
 from .magnitude import (
     absorb_torch_prune_,
@@ -11,16 +12,20 @@ from .magnitude import (
     prune_magnitude_,
 )
 from .methods import get_method, method_names, prune_with, register_method
+from .quantize import QUANTIZERS
 from .report import format_sparsity_report, sparsity_report
 from .targets import layer_sparsities, pruned_layers
 
 __all__ = [
+    "EvolutionSettings",
+    "QUANTIZERS",
     "absorb_torch_prune_",
     "admm_prune_",
     "apply_dlmc_",
     "dlmc_layer_mask",
     "dlmc_root",
     "dlmc_sets",
+    "evolutionary_prune_",
     "format_sparsity_report",
     "get_method",
     "gradual_prune_",

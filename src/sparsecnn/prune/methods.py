@@ -17,6 +17,7 @@ from torch import nn
 
 from ..data import Batches
 from .admm import admm_prune_
+from .evolutionary import evolutionary_prune_
 from .gradual import gradual_prune_
 from .magnitude import Masks, magnitude_mask
 from .targets import SparsityTarget, layer_sparsities, pruned_layers
@@ -112,6 +113,7 @@ def admm_method(model: nn.Module, split, sparsity: SparsityTarget, seed: int = 0
 register_method("magnitude", magnitude_method)
 register_method("gradual", gradual_method)
 register_method("admm", admm_method)
+register_method("evolutionary", evolutionary_prune_)
 
 __all__ = ["PruneMethod", "get_method", "method_names", "prune_with", "pruned_layers", "register_method",
            "top1_accuracy", "train_dense_", "training_batches"]
