@@ -132,7 +132,9 @@ def test_bench_model_lenet5():
         validate_row(row)
         assert row["model"] == "lenet5" and row["N"] == 2 and row["layer"] is None
         assert row["rel_err"] < 1e-5 and row["median_ms"] > 0
-    assert set(rows[1]["config"]) == {"conv1", "conv2"}
+    choices = rows[1]["config"]
+    assert set(choices["layers"]) == {"conv1", "conv2"} and choices["tune_s"] > 0
+    assert choices["conv_ms"] > 0 and choices["dense_conv_ms"] > 0
 
 
 def test_bench_model_rejects_dlmc_for_other_models():

@@ -59,7 +59,8 @@ def _cmd_bench_model(args) -> None:
 
     rows = bench_model(args.name, batch=args.batch, dtype=args.dtype, sparsity=args.sparsity,
                        pattern=args.pattern, backend=args.backend, device=_device(args),
-                       modes=tuple(_split(args.modes)), seed=args.seed, checkpoint=args.checkpoint)
+                       modes=tuple(_split(args.modes)), seed=args.seed, checkpoint=args.checkpoint,
+                       compile_mode=None if args.compile_mode == "default" else args.compile_mode)
     write_jsonl(rows, args.out)
     print(markdown_table(rows))
     print(f"\n{len(rows)} rows appended to {args.out}")
@@ -173,10 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(bench_layers, None)
     bench_layers.set_defaults(run=_cmd_bench_layers)
 
-    bench_model = bench.add_parser("model", help="end-to-end model timing (eager, CUDA graphs)")
+    bench_model = bench.add_parser("model", help="end-to-end model timing (eager, CUDA graphs, torch.compile)")
     bench_model.add_argument("name")
     bench_model.add_argument("--backend", default="auto")
-    bench_model.add_argument("--modes", default="eager,cudagraph")
+    bench_model.add_argument("--modes", default="eager,cudagraph", help="comma-separated: eager,cudagraph,compile")
+    bench_model.add_argument("--compile-mode", default="max-autotune",
+                             help="torch.compile mode of the dense model in mode 'compile' ('default' for none)")
     bench_model.add_argument("--checkpoint", default=None, help="state_dict with pruned weights")
     _add_common(bench_model, 32)
     bench_model.set_defaults(run=_cmd_bench_model)

@@ -2,13 +2,17 @@
 
 Modes: "eager" (plain calls), "cudagraph" (captured once with `torch.cuda.CUDAGraph` after a warm-up on
 a side stream, timed as `graph.replay()`; CUDA only, skipped with a note elsewhere) and "compile"
-(`torch.compile`). Every row's `rel_err` compares that mode's output with the masked model run in
-float64 on the same input.
+(`torch.compile`: the dense model with `compile_mode`, "max-autotune" by default, which also fuses
+BatchNorm and ReLU; the sparse model in the default mode). The sparse model is first simplified
+for inference (`nn.prepare_for_inference`: BatchNorm folded, ReLU and residual adds fused into the
+convs), then tuned (`sparsify_`). Every row's `rel_err` compares that mode's output with the masked
+model run in float64 on the same input.
 """
 from __future__ import annotations
 
 import copy
 import os
+import time
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -20,7 +24,7 @@ from ..autotune import benchmark
 from ..backends import config_to_dict, get_backend
 from ..kernels.reference import relative_error
 from ..models import build_model, default_input_shape
-from ..nn import SparseConv2d, sparsify_
+from ..nn import SparseConv2d, prepare_for_inference, sparsify_
 from ..prune import apply_dlmc_, masks_from_weights, prune_magnitude_
 from .env import environment, new_run_id
 from .layers import CUDNN, free_memory, precision, round_to
@@ -90,24 +94,37 @@ def _cuda_graph(model: nn.Module, x: torch.Tensor) -> Tuple[Callable[[], None], 
     return graph.replay, output
 
 
-def _runner(model: nn.Module, x: torch.Tensor, mode: str) -> Tuple[Callable[[], Any], Callable[[], torch.Tensor]]:
+def _runner(model: nn.Module, x: torch.Tensor, mode: str,
+            compile_mode: Optional[str]) -> Tuple[Callable[[], Any], Callable[[], torch.Tensor]]:
     """(what to time, one run returning the output) for `model(x)` in `mode`."""
     if mode == "cudagraph":
         return _cuda_graph(model, x)
     if mode == "compile":
-        compiled = torch.compile(model)
+        compiled = torch.compile(model, mode=compile_mode)
         return (lambda: compiled(x)), (lambda: compiled(x))
     return (lambda: model(x)), (lambda: model(x))
 
 
-def _sparse_choices(model: nn.Module) -> Dict[str, Any]:
-    """{module path: {"backend", "config"}} of every SparseConv2d (the row's `config`)."""
-    return {name: {"backend": m.backend, "config": config_to_dict(m.config)}
-            for name, m in model.named_modules() if isinstance(m, SparseConv2d)}
+def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
+    """The sparse row's `config`: {"layers": {module path: {"backend", "config", "ms", "dense_ms"}},
+    "tune_s": seconds spent in `sparsify_`, "conv_ms" / "dense_conv_ms": the tuned convs' summed
+    times and the same convs run densely (per-layer medians from tuning; null when not tuned)}."""
+    report = getattr(model, "sparsecnn_report", None)
+    timed = {} if report is None else {layer.name: layer for layer in report.layers}
+    layers = {}
+    for name, module in model.named_modules():
+        if isinstance(module, SparseConv2d):
+            result = timed.get(name)
+            layers[name] = {"backend": module.backend, "config": config_to_dict(module.config),
+                            "ms": None if result is None else result.time_ms,
+                            "dense_ms": None if result is None else result.dense_ms}
+    return {"layers": layers, "tune_s": round(tune_s, 3),
+            "conv_ms": sum(layer.time_ms for layer in timed.values()) if timed else None,
+            "dense_conv_ms": sum(layer.dense_ms for layer in timed.values()) if timed else None}
 
 
 def _time_modes(model: nn.Module, x: torch.Tensor, ref: torch.Tensor, modes: Sequence[str], dtype: str,
-                timing: Dict[str, Any]) -> List[Tuple[str, Dict[str, float]]]:
+                timing: Dict[str, Any], compile_mode: Optional[str]) -> List[Tuple[str, Dict[str, float]]]:
     """[(mode, {"median_ms", "p20_ms", "p80_ms", "rel_err"})] of `model(x)`. cudagraph is skipped with
     a note off CUDA or when capture fails (e.g. a library call that cannot be captured)."""
     results = []
@@ -117,7 +134,7 @@ def _time_modes(model: nn.Module, x: torch.Tensor, ref: torch.Tensor, modes: Seq
             continue
         with precision(dtype), torch.no_grad():
             try:
-                timed, once = _runner(model, x, mode)
+                timed, once = _runner(model, x, mode, compile_mode)
             except RuntimeError as error:
                 if mode != "cudagraph":
                     raise
@@ -153,23 +170,25 @@ def _input(name: str, batch: int, seed: int, device: torch.device, dtype: str) -
 def _variant(model: nn.Module, x: torch.Tensor, dtype: str,
              backend: str) -> Tuple[nn.Module, torch.Tensor, Optional[dict]]:
     """(copy of `model` to run, its input, the row's config) for backend "cudnn" (the masked model in
-    dtype, channels_last for fp16/bf16) or a sparse backend (`sparsify_`, NCHW; config = the choice
-    per layer)."""
+    dtype, channels_last for fp16/bf16) or a sparse backend (`prepare_for_inference`, then
+    `sparsify_` at the dtype's precision policy, NCHW; config: see `_sparse_choices`)."""
     stored = torch_dtype(dtype)
     if backend == CUDNN:
         layout = torch.channels_last if stored in (torch.float16, torch.bfloat16) else torch.contiguous_format
         dense = copy.deepcopy(model).to(dtype=stored, memory_format=layout)
         return dense, x.to(dtype=stored, memory_format=layout), None
-    sparse, x_sparse = copy.deepcopy(model).to(stored), x.to(stored)
+    sparse = prepare_for_inference(copy.deepcopy(model))
+    start = time.perf_counter()
     with precision(dtype):
-        sparsify_(sparse, x_sparse, backend=backend)
-    return sparse, x_sparse, _sparse_choices(sparse)
+        sparsify_(sparse, x, backend=backend, dtype=dtype, progress=False)
+    return sparse, x.to(stored), _sparse_choices(sparse, time.perf_counter() - start)
 
 
 def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: str, backend: str = "auto",
                 device: torch.device | str, modes: Sequence[str] = ("eager", "cudagraph"), seed: int = 0,
                 run_id: Optional[str] = None, checkpoint: Optional[str | os.PathLike] = None,
-                progress: bool = True, timing: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
+                progress: bool = True, timing: Optional[Dict[str, Any]] = None,
+                compile_mode: Optional[str] = "max-autotune") -> List[Dict[str, Any]]:
     """Benchmark model `name` at `batch`; returns results rows of kind "model".
 
     Rows: backend "cudnn" (the pruned model run densely; fp16/bf16 in channels_last) in each mode,
@@ -177,6 +196,7 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     `config` = each layer's chosen backend and config) in each mode. pattern/sparsity: see
     `_pruned_model`; with `checkpoint` the weights come from that state dict instead. dtype: "fp32"
     (TF32 off), "tf32", "fp16", "bf16". timing: keyword arguments for `autotune.benchmark`.
+    compile_mode: `torch.compile`'s mode for the dense model in mode "compile" (None: default).
     """
     _check_args(dtype, backend, modes)
     device, timing = torch.device(device), dict(timing or {})
@@ -190,8 +210,9 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     rows = []
     for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
         runnable, x_cast, config = _variant(model, x, dtype, variant)
+        dense_compile_mode = compile_mode if variant == CUDNN else None
         rows += [_row(base, variant, config, mode, stats)
-                 for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing)]
+                 for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, dense_compile_mode)]
         del runnable, x_cast
         free_memory(device)
     return rows

@@ -18,7 +18,7 @@ from .schema import DTYPES
 
 Row = Dict[str, Any]
 _BASE_KEY = ("device", "suite", "N", "sparsity", "pattern")
-_MODEL_KEY = ("device", "model", "N", "dtype", "sparsity", "pattern", "mode")
+_MODEL_KEY = ("device", "model", "N", "dtype", "sparsity", "pattern")
 
 
 @dataclasses.dataclass
@@ -148,26 +148,46 @@ def _group_markdown(group: _LayerGroup) -> str:
     return "\n".join(parts)
 
 
-def _model_groups(rows: Iterable[Row]) -> Dict[tuple, Dict[str, Row]]:
-    """(device, model, N, dtype, sparsity, pattern, mode) -> {backend: last row}."""
-    groups: Dict[tuple, Dict[str, Row]] = {}
+def _model_groups(rows: Iterable[Row]) -> Dict[tuple, Dict[Tuple[str, str], Row]]:
+    """(device, model, N, dtype, sparsity, pattern) -> {(backend, mode): last row}."""
+    groups: Dict[tuple, Dict[Tuple[str, str], Row]] = {}
     for row in rows:
         if row["kind"] == "model":
             key = tuple(row[name] for name in _MODEL_KEY)
-            groups.setdefault(key, {})[row["backend"]] = row
+            groups.setdefault(key, {})[(row["backend"], row["mode"])] = row
     return groups
 
 
-def _model_markdown(key: tuple, by_backend: Dict[str, Row]) -> str:
-    device, model, n, dtype, sparsity, pattern, mode = key
-    base = by_backend.get(CUDNN)
+def _ratio(base: Optional[Row], row: Row) -> Optional[float]:
+    return None if base is None or row["median_ms"] <= 0 else base["median_ms"] / row["median_ms"]
+
+
+def _conv_share(row: Row, by_run: Dict[Tuple[str, str], Row]) -> str:
+    """Share of the eager model time spent in the tuned convs (sparse rows), and for the dense
+    model the same convs run densely."""
+    config = row["config"] if isinstance(row["config"], dict) else {}
+    eager = by_run.get((row["backend"], "eager"))
+    if not config.get("conv_ms") or eager is None:
+        return "—"
+    dense_eager = by_run.get((CUDNN, "eager"))
+    dense = "" if dense_eager is None else f" (dense {config['dense_conv_ms'] / dense_eager['median_ms']:.0%})"
+    return f"{config['conv_ms'] / eager['median_ms']:.0%}{dense}"
+
+
+def _model_markdown(key: tuple, by_run: Dict[Tuple[str, str], Row]) -> str:
+    device, model, n, dtype, sparsity, pattern = key
+    dense_modes = [mode for backend, mode in by_run if backend == CUDNN]
     body = []
-    for backend, row in by_backend.items():
-        speedup = None if base is None or row["median_ms"] <= 0 else base["median_ms"] / row["median_ms"]
+    for (backend, mode), row in by_run.items():
         error = "—" if row["rel_err"] is None else f"{row['rel_err']:.1e}"
-        body.append([backend, _ms(row), f"{row['p20_ms']:.4g}–{row['p80_ms']:.4g}", _times(speedup), error])
-    title = f"### {model} · N={n} · {dtype} · {mode} · sparsity {sparsity:g} · {pattern} · {device}"
-    header = ["backend", "ms", "p20–p80 ms", f"× vs cuDNN {dtype}", "rel_err"]
+        ratios = [_times(_ratio(by_run.get((CUDNN, dense_mode)), row)) for dense_mode in dense_modes]
+        tune = row["config"].get("tune_s") if isinstance(row["config"], dict) else None
+        body.append([backend, mode, _ms(row), *ratios, error,
+                     _conv_share(row, by_run) if mode == "eager" else "",
+                     "" if tune is None or mode != "eager" else f"{tune:.1f}"])
+    title = f"### {model} · N={n} · {dtype} · sparsity {sparsity:g} · {pattern} · {device}"
+    header = ["backend", "mode", "ms", *[f"× vs cuDNN {mode}" for mode in dense_modes], "rel_err",
+              "conv share", "tune s"]
     return "\n".join([title, "", _table(header, body), ""])
 
 
@@ -175,7 +195,8 @@ def markdown_table(rows: Iterable[Row]) -> str:
     """Markdown tables of `rows`: per layer group, cuDNN ms per dtype, each backend's ms and speedup
     over cuDNN at the group's dtype, the worst rel_err, the roofline floor and the fastest backend's
     share of it (floor % = floor ms / ms), then a geomean speedup line; per model group, each
-    backend's ms and speedup."""
+    (backend, mode)'s ms, its speedup over cuDNN in each mode measured, the share of eager time in
+    the convs and the tuning time."""
     rows = list(rows)
     parts = [_group_markdown(group) for group in _layer_groups(rows)]
     parts += [_model_markdown(key, by_backend) for key, by_backend in _model_groups(rows).items()]
@@ -204,6 +225,15 @@ def _finish_axes(ax, title: str, ylabel: str) -> None:
     ax.set_title(title, fontsize=9)
 
 
+def _save(plt, fig, path: str | os.PathLike) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_speedups(rows: Iterable[Row], path: str | os.PathLike) -> Path:
     """Bar chart (PNG) of each backend's speedup over cuDNN per layer, one panel per layer group,
     log scale with a line at 1×. ValueError if no layer has both a backend and a cuDNN row."""
@@ -223,12 +253,30 @@ def plot_speedups(rows: Iterable[Row], path: str | os.PathLike) -> Path:
         ax.set_xticks(range(len(group.layers)), group.layers, rotation=60, ha="right", fontsize=7)
         _finish_axes(ax, group.title, f"speedup over cuDNN {group.dtype}")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
+
+
+def plot_model_speedups(rows: Iterable[Row], path: str | os.PathLike) -> Path:
+    """Bar chart (PNG) of the sparse model's speedup over dense cuDNN eager, per model group
+    (model, batch, dtype, sparsity) and mode, log scale with a line at 1x; the dense model's own
+    cudagraph/compile modes appear as "cudnn <mode>" bars. ValueError without a dense eager row."""
+    groups = {key: by_run for key, by_run in _model_groups(rows).items() if (CUDNN, "eager") in by_run}
+    if not groups:
+        raise ValueError("rows: no model group has a dense cuDNN eager row to compare with")
+    labels = [f"{model} N={n} {dtype} s={sparsity:g}" for (_, model, n, dtype, sparsity, _) in groups]
+    runs = sorted({run for by_run in groups.values() for run in by_run if run != (CUDNN, "eager")})
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(groups) * len(runs) + 2), 4.5))
+    bar = 0.8 / max(len(runs), 1)
+    for i, run in enumerate(runs):
+        speedups = [_ratio(by_run[(CUDNN, "eager")], by_run[run]) if run in by_run else math.nan
+                    for by_run in groups.values()]
+        ax.bar([x + (i - (len(runs) - 1) / 2) * bar for x in range(len(groups))],
+               [value - 1 for value in speedups], bar, bottom=1.0, label=" ".join(run))
+    ax.set_xticks(range(len(groups)), labels, rotation=45, ha="right", fontsize=7)
+    _finish_axes(ax, "End to end", "speedup over dense cuDNN eager")
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
 
 
 def _sweeps(rows: Iterable[Row]) -> Dict[tuple, Dict[str, List[Tuple[float, float]]]]:
@@ -262,12 +310,7 @@ def plot_sparsity_sweep(rows: Iterable[Row], path: str | os.PathLike) -> Path:
                      f"speedup over cuDNN {dtype}")
         if len(lines) <= 12:
             ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _environment_markdown(rows: List[Row]) -> str:
@@ -283,14 +326,15 @@ def _environment_markdown(rows: List[Row]) -> str:
 
 def render_report(rows: Iterable[Row], out_md: str | os.PathLike, plot_dir: str | os.PathLike) -> Path:
     """Write one markdown page to `out_md`: environment, tables (`markdown_table`), and the PNG plots
-    (written to `plot_dir`): speedups per layer, and speedup vs sparsity when rows hold more than
-    one sparsity. Returns the markdown path."""
+    (written to `plot_dir`): speedups per layer, end-to-end speedups per model, and speedup vs
+    sparsity when rows hold more than one sparsity. Returns the markdown path."""
     rows = list(rows)
     if not rows:
         raise ValueError("rows is empty: nothing to report")
     out_md, plot_dir = Path(out_md), Path(plot_dir)
     parts = ["# Sparse convolution benchmarks", "", _environment_markdown(rows), "", markdown_table(rows)]
-    plots = [("Speedup over cuDNN per layer", "speedups.png", plot_speedups)]
+    plots = [("Speedup over cuDNN per layer", "speedups.png", plot_speedups),
+             ("End-to-end speedup over dense cuDNN eager", "models.png", plot_model_speedups)]
     if len({row["sparsity"] for row in rows if row["kind"] == "layer"}) > 1:
         plots.append(("Speedup over cuDNN against sparsity", "sparsity_sweep.png", plot_sparsity_sweep))
     for title, name, plot in plots:

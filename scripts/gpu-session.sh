@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call for the open issues: the `gpu`-marked tests, the codegen tables (fp32 and fp16),
+# the re-pruning speed study through `blocks`, and the end-to-end model benchmarks. Installs nothing.
+# At most 8 files come back from $OUT, so each stage writes one log and one JSON-lines file.
+# Usage: OUT=out SPARSECNN_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu-session.sh STAGE...
+#   stages: tests codegen reprune models models-quick
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+[ -d .carry/dlmc-rn50 ] && export SPARSECNN_DLMC=$PWD/.carry/dlmc-rn50
+export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+model() {  # model NAME BATCH DTYPE [extra bench-model flags]
+    local name=$1 batch=$2 dtype=$3; shift 3
+    python3 -m sparsecnn.cli bench model "$name" --batch "$batch" --dtype "$dtype" --out "$OUT/models.jsonl" "$@" \
+        >>"$OUT/models.log" 2>&1 || echo "FAILED: bench model $name $batch $dtype $*"
+}
+
+for stage in "$@"; do
+    start=$SECONDS
+    case $stage in
+    tests)
+        python3 -m pytest -q -m gpu -p no:cacheprovider tests >"$OUT/gpu-tests.log" 2>&1
+        tail -n 30 "$OUT/gpu-tests.log" ;;
+    codegen)
+        python3 scripts/bench_codegen.py --out "$OUT/codegen.jsonl" --budget-s "${CODEGEN_BUDGET_S:-200}" \
+            >"$OUT/codegen.log" 2>&1 || echo "FAILED: bench_codegen"
+        tail -n 40 "$OUT/codegen.log" ;;
+    reprune)
+        python3 scripts/reprune_study.py --gpu --quick --seeds 0 --gpu-out "$OUT/reprune.jsonl" \
+            >"$OUT/reprune.log" 2>&1 || echo "FAILED: reprune_study"
+        tail -n 30 "$OUT/reprune.log" ;;
+    models)
+        model resnet18-cifar 32 fp32 --modes eager,cudagraph,compile
+        model resnet18-cifar 32 fp16 --modes eager,cudagraph,compile
+        model resnet50 32 fp32 --pattern dlmc-magnitude_pruning --sparsity 0.9
+        model resnet50 32 fp16 --pattern dlmc-magnitude_pruning --sparsity 0.9
+        model resnet50 32 fp32 --pattern dlmc-magnitude_pruning --sparsity 0.95
+        model alexnet-cifar 32 fp32
+        model vgg16 32 fp32
+        model googlenet 32 fp32
+        model resnet18-cifar 1 fp32
+        model resnet18-cifar 128 fp32 ;;
+    *) echo "unknown stage $stage" ;;
+    esac
+    echo "stage $stage: $((SECONDS - start)) s"
+done
+[ -f "$OUT/models.jsonl" ] && python3 -m sparsecnn.cli report "$OUT/models.jsonl" --md "$OUT/models.md" \
+    --plot-dir /tmp/plots >/dev/null 2>&1 && cat "$OUT/models.md"
