@@ -10,8 +10,8 @@ with the re-training masks (zeros inside dense blocks trainable). Prints a markd
 over seeds) and writes one JSON line per model and seed to --out (own fields plus the environment:
 device, torch, triton, driver, commit, date).
 
---gpu adds layer timings (CUDA events, L2 flushed: `sparsecnn.autotune.timing.benchmark`) in one
---dtype: cuDNN dense, and backend `blocks` (its candidate tiles at the layer's t2, the fastest
+--gpu adds layer timings (CUDA events, L2 flushed: `sparsecnn.autotune.timing.benchmark`; replays
+of a CUDA graph unless --mode eager) in one --dtype: cuDNN dense, and backend `blocks` (its candidate tiles at the layer's t2, the fastest
 kept) on the pruned weight and, per B3, on the re-pruned weight two ways: "kept" packs the
 re-pruned blocks and remainder as they are (the paper's flow), "re-extracted" passes the re-pruned
 weight through the backend's `prepare`, which runs Algorithm 1 again. Layer sets: lenet5's convs
@@ -172,10 +172,12 @@ def accuracy_table(rows: List[dict]) -> str:
 
 def gpu_study(args, run: str, pruned_model, pruned_masks) -> None:
     from sparsecnn.bench.schema import write_jsonl
-    from sparsecnn.layers import get_suite, specs_from_model
+    from sparsecnn.layers import get_suite
+    from sparsecnn.layers.suites import specs_from_model
 
     if not torch.cuda.is_available():
         sys.exit("--gpu needs a CUDA GPU")
+    torch.backends.cudnn.benchmark = True  # cuDNN's fastest algorithm, as in the other benchmarks
     env = environment("cuda")
     out = args.gpu_out or RESULTS / f"{datetime.date.today()}-{_slug(env['device'])}-reprune.jsonl"
     specs = {s.name: s for s in specs_from_model(build_model("lenet5"), (args.lenet_batch, 1, 28, 28))}
@@ -192,7 +194,7 @@ def gpu_study(args, run: str, pruned_model, pruned_masks) -> None:
             start = time.perf_counter()
             layer_rows = time_layer(spec, weight, t2, args)
             rows += [dict(run=run, kind="layer", **env, suite=suite, model=None, **spec.as_dict(), dtype=args.dtype,
-                          pattern=base + tag, mode="eager", floor_ms=None, **fields) for tag, fields in layer_rows]
+                          pattern=base + tag, floor_ms=None, **fields) for tag, fields in layer_rows]
             print(f"{suite} {spec.name}: {len(layer_rows)} timings in {time.perf_counter() - start:.1f} s", flush=True)
         write_jsonl(rows, out)
         print(timing_table(suite, base, rows, args.b3))
@@ -221,11 +223,10 @@ def dlmc_layers(args, get_suite) -> list:
     except FileNotFoundError as error:
         print(f"skipping DLMC ResNet-50: {error}")
         return []
-    specs = get_suite("resnet50", args.dlmc_batch)
-    if args.quick:
-        specs = [s for s in specs if s.name in DLMC_QUICK]
     layers = []
-    for index, spec in enumerate(specs):
+    for index, spec in enumerate(get_suite("resnet50", args.dlmc_batch)):
+        if (args.quick and spec.name not in DLMC_QUICK) or (args.dlmc_layers and spec.name not in args.dlmc_layers):
+            continue
         generator = torch.Generator().manual_seed(1000 * args.seeds[0] + index)
         values = torch.randn(spec.weight_shape, generator=generator) * math.sqrt(2.0 / (spec.C * spec.R * spec.S))
         layers.append((spec, values * dlmc_layer_mask(args.dlmc_set, spec.name)))
@@ -250,9 +251,10 @@ def time_layer(spec, weight: torch.Tensor, t2: int, args) -> List[tuple]:
 
     def timed(w: torch.Tensor, fn) -> dict:
         reference = F.conv2d(x[:2].double(), w.cuda().double(), bias.double(), spec.stride, spec.padding)
-        times = benchmark(fn, "cuda", warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
-        return dict(times, rel_err=relative_error(fn()[:2], reference),
-                    sparsity=1.0 - int(torch.count_nonzero(w)) / w.numel())
+        error = relative_error(fn()[:2], reference)
+        replay, mode = (_graphed(fn), "cudagraph") if args.mode == "cudagraph" else (fn, "eager")
+        times = benchmark(replay, "cuda", warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+        return dict(times, rel_err=error, mode=mode, sparsity=1.0 - int(torch.count_nonzero(w)) / w.numel())
 
     def blocks(w: torch.Tensor, pack) -> dict:
         """Fastest of `configs`, each packed by pack(config)."""
@@ -263,8 +265,8 @@ def time_layer(spec, weight: torch.Tensor, t2: int, args) -> List[tuple]:
             best = row if best is None or row["median_ms"] < best["median_ms"] else best
         return best
 
-    w_dtype = weight.to(dtype)
-    rows = [("", dict(timed(weight, lambda: F.conv2d(x, w_dtype.cuda(), bias, spec.stride, spec.padding)),
+    dense_weight = weight.to("cuda", dtype)
+    rows = [("", dict(timed(weight, lambda: F.conv2d(x, dense_weight, bias, spec.stride, spec.padding)),
                       backend="cudnn", config=None))]
     rows.append(("", blocks(weight, lambda c: BlocksWeight.from_decomposition(decomposition, c, "cuda"))))
     for b3 in args.b3:
@@ -275,6 +277,22 @@ def time_layer(spec, weight: torch.Tensor, t2: int, args) -> List[tuple]:
             result.decomposition, c, "cuda"))))
         rows.append((f"{tag}-reextracted", blocks(repruned, lambda c: backend.prepare(repruned.cuda(), c))))
     return rows
+
+
+def _graphed(fn):
+    """fn captured in a CUDA graph; returns its replay. Eager launches of these small layers cost
+    more CPU time than the 256 MB L2 flush before each repeat hides, so eager timings would
+    measure Python launch overhead."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream (cuDNN picks its algorithm here)
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def timing_table(suite: str, base: str, rows: List[dict], b3s: List[float]) -> str:
@@ -323,9 +341,12 @@ def parse_args(argv=None):
     parser.add_argument("--lenet-batch", type=int, default=256)
     parser.add_argument("--dlmc-set", default="magnitude_pruning-0.9")
     parser.add_argument("--dlmc-batch", type=int, default=32)
+    parser.add_argument("--dlmc-layers", nargs="*", default=None, help="only these DLMC layers (default: all 53)")
     parser.add_argument("--dlmc-t2", type=int, default=None, help="default: the backend's default t2 for --dtype")
-    parser.add_argument("--warmup-ms", type=float, default=5.0)
-    parser.add_argument("--rep-ms", type=float, default=20.0)
+    parser.add_argument("--mode", choices=("cudagraph", "eager"), default="cudagraph",
+                        help="time CUDA-graph replays (default) or eager calls")
+    parser.add_argument("--warmup-ms", type=float, default=10.0)
+    parser.add_argument("--rep-ms", type=float, default=50.0)
     parser.add_argument("--gpu-out", type=Path, default=None,
                         help="timing JSON lines (default benchmarks/results/<date>-<gpu>-reprune.jsonl)")
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ from sparsecnn.data import Batches, load_digits_split
 from sparsecnn.data.digits import DigitsSplit
 from sparsecnn.formats import BlockParams, extract_blocks
 from sparsecnn.models import build_model
-from sparsecnn.prune import magnitude_mask
+from sparsecnn.prune import magnitude_mask, prune_with
 from sparsecnn.prune.reprune import ReorganisedLayer, benefits, knapsack, reprune_, reprune_layer
 from sparsecnn.prune.training import train_epochs
 
@@ -183,7 +183,7 @@ def test_reprune_lenet5_then_retrain_keeps_masks(small_digits):
     model = build_model("lenet5")
     train = Batches(small_digits.train_x, small_digits.train_y, 64, shuffle=True)
     masks = {name: magnitude_mask(getattr(model, name).weight, 0.9) for name in ("conv1", "conv2", "fc1")}
-    train_epochs(model, train, epochs=2, lr=0.02, masks=masks)
+    train_epochs(model, train, epochs=1, lr=0.02, masks=masks)
     new_masks, retrain_masks, report = reprune_(model, masks, 0.2, BlockParams(t2=4))
     assert set(report) == {"conv1", "conv2"} and new_masks["fc1"] is masks["fc1"]
     for name in ("conv1", "conv2"):
@@ -197,6 +197,18 @@ def test_reprune_lenet5_then_retrain_keeps_masks(small_digits):
         assert not (getattr(model, name).weight[~retrain_masks[name]]).any()
     # Zeros inside dense blocks are trainable: re-training fills them in.
     assert int(torch.count_nonzero(model.conv2.weight)) > report["conv2"]["nnz_after"]
+
+
+def test_registered_reprune_method_returns_masks_the_weights_respect(small_digits):
+    torch.manual_seed(0)
+    model = build_model("lenet5")
+    masks = prune_with("reprune", model, small_digits, 0.9, epochs=1, retrain_epochs=1)
+    assert set(masks) == {"conv1", "conv2", "fc1"}
+    for name, mask in masks.items():
+        assert not getattr(model, name).weight[~mask].any()
+    assert int(masks["fc1"].sum()) == round(0.1 * model.fc1.weight.numel())  # Linear layers are not re-pruned
+    # conv1 (20 kernels) forms no block at B1 = 8, so re-pruning only removes from it.
+    assert int(torch.count_nonzero(model.conv1.weight)) < round(0.1 * model.conv1.weight.numel())
 
 
 def test_reprune_study_script_cpu_path(tmp_path):

@@ -14,6 +14,7 @@ from .magnitude import (
 from .methods import get_method, method_names, prune_with, register_method
 from .quantize import QUANTIZERS
 from .report import format_sparsity_report, sparsity_report
+from .reprune import benefits, knapsack, reprune_, reprune_layer
 from .targets import layer_sparsities, pruned_layers
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "absorb_torch_prune_",
     "admm_prune_",
     "apply_dlmc_",
+    "benefits",
     "dlmc_layer_mask",
     "dlmc_root",
     "dlmc_sets",
@@ -29,6 +31,7 @@ __all__ = [
     "format_sparsity_report",
     "get_method",
     "gradual_prune_",
+    "knapsack",
     "layer_sparsities",
     "load_dlmc_masks",
     "load_pruned",
@@ -42,6 +45,8 @@ __all__ = [
     "prune_with",
     "pruned_layers",
     "register_method",
+    "reprune_",
+    "reprune_layer",
     "save_pruned",
     "sparsity_report",
 ]

@@ -20,6 +20,7 @@ from .admm import admm_prune_
 from .evolutionary import evolutionary_prune_
 from .gradual import gradual_prune_
 from .magnitude import Masks, magnitude_mask
+from .reprune import reprune_method
 from .targets import SparsityTarget, layer_sparsities, pruned_layers
 from .training import accuracy, apply_masks_, train_epochs
 
@@ -114,6 +115,7 @@ register_method("magnitude", magnitude_method)
 register_method("gradual", gradual_method)
 register_method("admm", admm_method)
 register_method("evolutionary", evolutionary_prune_)
+register_method("reprune", reprune_method)
 
 __all__ = ["PruneMethod", "get_method", "method_names", "prune_with", "pruned_layers", "register_method",
            "top1_accuracy", "train_dense_", "training_batches"]
