@@ -287,6 +287,16 @@ def test_fp16_weights_are_rounded_to_half(cache):
         codegen.compile_conv(weight, SMALL, config, cache=cache, dtype=HALF)
 
 
+@needs_tools
+@pytest.mark.parametrize("accumulate", ["float", "half2"])
+def test_fp16_resnet_conv1_default_tilings_do_not_spill(cache, accumulate):
+    """half2 has no launch bound (plan._bounded): with one, ptxas 13.0 spilled 336 B here."""
+    spec = next(s for s in get_suite("dong", 64) if s.name == "resnet-conv1")
+    config = dataclasses.replace(codegen.default_config(spec, accumulate=accumulate), mode="emit")
+    report = codegen.compile_conv(sparse(spec.weight_shape, 0.9), spec, config, cache=cache, dtype=HALF).report
+    assert report.spill_stores == report.spill_loads == 0 and 0 < report.registers <= 255
+
+
 # --- the generated float16 CUDA C, run on the CPU ----------------------------------------------
 
 

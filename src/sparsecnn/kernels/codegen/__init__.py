@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ from .toolchain import DiskCache, ToolchainError
 
 __all__ = ["CodegenConfig", "CompileReport", "CompiledConv", "KernelPlan", "RewriteError", "RewriteStats",
            "Template", "ToolchainError", "candidate_configs", "compile_conv", "compile_template", "default_config",
-           "kernel_source", "make_plan", "placeholders", "slot_weights"]
+           "kernel_source", "make_plan", "placeholders", "prepare_weight", "slot_weights"]
 
 
 def kernel_source(plan: KernelPlan, weights: Optional[np.ndarray] = None) -> str:
@@ -139,14 +139,11 @@ def compile_conv(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None,
     `dtype`); jobs: parallel slice compiles (0: one per CPU).
     """
     start = time.perf_counter()
-    name = dtype_name(dtype)
-    config = config or candidate_configs(spec, name, max_kernel_fmas)[0]
     cache = cache or DiskCache()
-    weight = _as_array(weight, spec, name)
-    density = np.count_nonzero(weight) / weight.size
-    plan = make_plan(spec, config, relu, has_bias, max_kernel_fmas, name, density)
+    weight, plan = prepare_weight(weight, spec, config, relu, has_bias, max_kernel_fmas, dtype)
+    config = plan.config
     slices = _weight_slices(weight, plan)
-    report = CompileReport(config.mode, plan.n_slices, plan.template_fmas, name, plan.flush_terms,
+    report = CompileReport(config.mode, plan.n_slices, plan.template_fmas, plan.dtype, plan.flush_terms,
                            smem_bytes=plan.smem_bytes)
     if config.mode == "rewrite":
         template = compile_template(plan, cache)
@@ -162,6 +159,18 @@ def compile_conv(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None,
         _add(report, result)
     report.compile_s = time.perf_counter() - start
     return CompiledConv(plan, [result.cubin for result in results], report)
+
+
+def prepare_weight(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None, relu: bool = False,
+                   has_bias: bool = True, max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMAS,
+                   dtype: Union[torch.dtype, str] = torch.float32) -> Tuple[np.ndarray, KernelPlan]:
+    """(weight as `compile_conv` compiles it: (K, C, R, S) float32 exact in `dtype`, its plan);
+    arguments as `compile_conv`'s. The plan's half2 partials follow the weight's density."""
+    name = dtype_name(dtype)
+    config = config or candidate_configs(spec, name, max_kernel_fmas)[0]
+    weight = _as_array(weight, spec, name)
+    density = np.count_nonzero(weight) / weight.size
+    return weight, make_plan(spec, config, relu, has_bias, max_kernel_fmas, name, density)
 
 
 def _as_array(weight, spec: ConvSpec, dtype: str) -> np.ndarray:

@@ -98,6 +98,12 @@ class Half2Generator(Generator):
             self._line(f"  float f{name}_0 = b{kk}, f{name}_1 = b{kk};")
             self._line(f"  unsigned a{name} = {NEG_ZERO_HALF2:#010x}u;")
 
+    def _staged_type(self) -> str:
+        return self.word
+
+    def _staged_word(self, name: str) -> str:
+        return name
+
     def _stage_loads(self, begin: int, end: int) -> None:
         s = self.spec
         for t in range(self.cfg.bn):

@@ -146,6 +146,11 @@ class KernelPlan:
         return self.config.accumulate == "half2"
 
     @property
+    def lanes(self) -> int:
+        """Outputs per FMA instruction."""
+        return 2 if self.half2 else 1
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
@@ -240,7 +245,7 @@ def make_plan(spec: ConvSpec, config: CodegenConfig, relu: bool = False, has_bia
     slice_k = config.slice_k or _auto_slice_k(spec.K, config.bk, per_channel, max_kernel_fmas)
     probe = KernelPlan(spec, config, relu, has_bias, slice_k, 1, 0, name, _flush_terms(spec, config, density))
     stage_slots = -(-probe.plane // probe.threads)
-    chunk_c = config.chunk_c or _auto_chunk_c(spec.C, config.bn, probe.plane, stage_slots)
+    chunk_c = config.chunk_c or _auto_chunk_c(spec.C, config.bn, probe.plane, stage_slots * probe.lanes)
     plan = dataclasses.replace(probe, chunk_c=min(chunk_c, spec.C), stage_slots=stage_slots)
     if plan.smem_bytes > SMEM_BYTES_MAX:
         raise ValueError(f"input tile {plan.in_tile} x {plan.chunk_c} channels x {config.bn} images needs "
@@ -290,7 +295,14 @@ def candidate_configs(spec: ConvSpec, dtype: Union[torch.dtype, str] = torch.flo
 def _bounded(config: CodegenConfig) -> CodegenConfig:
     """`config` with min_blocks such that ptxas keeps to ~accumulator registers + 96 (room for
     the input window, prefetch and addresses: at + 64 resnet-conv1 already spills), so several
-    blocks share an SM and one block's barrier or staging latency is hidden by another's FMAs."""
+    blocks share an SM and one block's barrier or staging latency is hidden by another's FMAs.
+
+    half2 kernels get no bound: each flush starts independent half2 chains, which ptxas 13.0
+    schedules up to whatever register cap it is given and then spills (resnet-conv1: 255 registers
+    and 336 B of spills at min_blocks 2, 194 registers and none unbounded; alexnet-conv2: 352 B at
+    min_blocks 6, none at 115 registers unbounded)."""
+    if config.accumulate == "half2":
+        return dataclasses.replace(config, min_blocks=0)
     blocks = min(MAX_BLOCKS_BOUND, 65536 // (config.tx * config.ty * (config.accumulator_regs + 96)))
     return dataclasses.replace(config, min_blocks=blocks if blocks >= 2 else 0)
 
@@ -310,7 +322,10 @@ def default_config(spec: ConvSpec, max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMA
     if accumulate not in ACCUMULATE:
         raise ValueError(f"accumulate must be one of {ACCUMULATE}, got {accumulate!r}")
     half2 = accumulate == "half2"
-    max_accumulators = 32 if half2 else 64
+    # half2: 3 registers per accumulator, and room for the R x S window of half2 words
+    max_accumulators = 64
+    if half2:
+        max_accumulators = min(32, max(8, (MAX_ACCUMULATOR_REGS - spec.R * spec.S) // HALF2_FLUSH_REGS))
     rows = -(-spec.P // 2) if half2 else spec.P
     crs = spec.C * spec.R * spec.S
     tx = 32 if spec.Q > 16 else 16 if spec.Q > 8 else 8
@@ -352,7 +367,8 @@ def _auto_slice_k(k: int, bk: int, per_channel: int, max_kernel_fmas: int) -> in
 
 
 def _auto_chunk_c(c: int, bn: int, plane: int, stage_slots: int) -> int:
-    """Most channels per stage within the shared-memory and prefetch-register budgets, balanced."""
+    """Most channels per stage within the shared-memory and prefetch-register budgets, balanced
+    (stage_slots: prefetch registers per staged channel and image: half2 loads two lanes)."""
     by_smem = SMEM_BYTES_MAX // (2 * 4 * bn * plane)
     by_regs = MAX_STAGE_REGS // (bn * stage_slots)
     if c * bn * plane * 4 <= SMEM_BYTES_MAX and c * bn * stage_slots <= MAX_STAGE_REGS:

@@ -195,7 +195,7 @@ class Generator:
         for t in range(c.bn):
             for cl in range(max_chunk):
                 for l in range(self.plan.stage_slots):
-                    self._line(f"  {self.word} st{t}_{cl}_{l};")
+                    self._line(f"  {self._staged_type()} st{t}_{cl}_{l};")
         self._stage_loads(*chunks[0])
         self._stage_stores(*chunks[0], buffer=0)
         self._line("  __syncthreads();")
@@ -221,14 +221,24 @@ class Generator:
                 for j in range(c.bw):
                     yield t, i, j
 
+    def _staged_type(self) -> str:
+        """A prefetched input between its global load and its shared-memory store (fp16 is
+        converted at the store, so the load's register is the only one it takes)."""
+        return self.io
+
+    def _staged_word(self, name: str) -> str:
+        """The shared-memory word of prefetched input `name`."""
+        return f"h2f({name})" if self.half else name
+
     def _stage_loads(self, begin: int, end: int) -> None:
         s = self.spec
         for t in range(self.cfg.bn):
             for ch in range(begin, end):
                 for l in range(self.plan.stage_slots):
                     offset = (t * s.C + ch) * s.H * s.W
-                    value = self._load(f"xb + {offset} + goff{l}")
-                    self._line(f"  st{t}_{ch - begin}_{l} = (ok{l} && nok{t}) ? {value} : 0.f;")
+                    zero = "(unsigned short)0" if self.half else "0.f"
+                    load = f"__ldg(xb + {offset} + goff{l})"
+                    self._line(f"  st{t}_{ch - begin}_{l} = (ok{l} && nok{t}) ? {load} : {zero};")
 
     def _stage_stores(self, begin: int, end: int, buffer: int) -> None:
         p = self.plan
@@ -237,7 +247,7 @@ class Generator:
                 base = buffer * p.buffer_words + (t * p.chunk_c + cl) * p.plane
                 for l in range(p.stage_slots):
                     guard = f"if (sok{l}) " if (l + 1) * p.threads > p.plane else ""
-                    self._line(f"  {guard}smem[{base} + pos{l}] = st{t}_{cl}_{l};")
+                    self._line(f"  {guard}smem[{base} + pos{l}] = {self._staged_word(f'st{t}_{cl}_{l}')};")
 
     # --- the unrolled FMAs of one input channel ----------------------------------------------
 
