@@ -316,6 +316,29 @@ def test_already_sparse_layers_keep_weight_bias_mask_and_activation(tmp_path):
     assert model[0] is first and first.backend == "dense" and first.activation == "relu"
 
 
+def test_prepared_resnet_keeps_its_fused_relus_and_residuals(tmp_path):
+    from sparsecnn.models import build_model
+    from sparsecnn.nn import prepare_for_inference
+    from sparsecnn.prune import prune_magnitude_
+
+    model = build_model("resnet18-cifar").eval()
+    prune_magnitude_(model, 0.8)
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        ref = model.double()(x.double())
+    prepared = prepare_for_inference(model.float())
+    fused = {name: (m.activation, name in prepared.fuse_report.fused_adds)
+             for name, m in prepared.named_modules() if isinstance(m, SparseConv2d)}
+    report = autotune_model(prepared, x, cache_dir=tmp_path, timer=FakeTimer(measure_ms={"im2col-cublas": 0.5}),
+                            progress=False)
+    assert all(layer.backend == "im2col-cublas" for layer in report.layers)
+    assert any(residual for _, residual in fused.values()) and any(act == "relu" for act, _ in fused.values())
+    assert {name: (m.activation, name in prepared.fuse_report.fused_adds) for name, m in prepared.named_modules()
+            if isinstance(m, SparseConv2d)} == fused
+    with torch.no_grad():
+        assert relative_error(prepared(x), ref) < 1e-5 and report.max_rel_error < 1e-5
+
+
 def test_sparsify_stores_the_report_on_the_model(tmp_path):
     model = sparsify_(_model(), torch.randn(1, 3, 8, 8), cache_dir=tmp_path, progress=False)
     assert isinstance(model.sparsecnn_report, TuneReport) and len(model.sparsecnn_report.layers) == 2

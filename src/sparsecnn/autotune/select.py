@@ -75,6 +75,8 @@ class Timer(Protocol):
 class MeasuringTimer:
     """Real timings on `device`: `time_one_call` to probe, `benchmark` (L2 flushed on CUDA) to measure.
 
+    On CUDA the times are GPU work alone (`hide_launch`): what a CUDA-graph or compiled run pays.
+    Eager runs add each call's CPU launch cost, which for a small layer can exceed its GPU time.
     The budget is small (a model has ~20 candidates x 50 layers; each full benchmark costs about
     warmup_ms + rep_ms plus the L2 flushes): 50 repeats give a median stable to a few percent,
     enough to rank candidates."""
@@ -85,10 +87,11 @@ class MeasuringTimer:
     max_rep: int = 50
 
     def probe(self, candidate: Candidate, fn: Callable[[], object]) -> float:
-        return time_one_call(fn, self.device)
+        return time_one_call(fn, self.device, hide_launch=True)
 
     def measure(self, candidate: Candidate, fn: Callable[[], object]) -> float:
-        return benchmark(fn, self.device, self.warmup_ms, self.rep_ms, max_rep=self.max_rep)["median_ms"]
+        return benchmark(fn, self.device, self.warmup_ms, self.rep_ms, max_rep=self.max_rep,
+                         hide_launch=True)["median_ms"]
 
 
 @dataclasses.dataclass

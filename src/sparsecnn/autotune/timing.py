@@ -1,6 +1,7 @@
 """Timing one callable: medians after warm-up, L2 flushed between repeats, CUDA events on GPU."""
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
@@ -20,9 +21,37 @@ def _quantiles(times_ms: List[float]) -> Dict[str, float]:
     return {"median_ms": statistics.median(ordered), "p20_ms": at(0.2), "p80_ms": at(0.8)}
 
 
-def _time_cuda(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep: int, max_rep: int,
-               flush_l2: bool) -> List[float]:
-    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda") if flush_l2 else None
+@functools.lru_cache(maxsize=None)
+def _sleep_cycles_per_us(device_index: int) -> float:
+    """Clock cycles that `torch.cuda._sleep` spins per microsecond on this GPU, measured once."""
+    cycles = 1_000_000
+    with torch.cuda.device(device_index):
+        torch.cuda._sleep(cycles)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        torch.cuda.synchronize()
+    return cycles / (start.elapsed_time(end) * 1e3)
+
+
+def _launch_cover(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """A function that keeps the GPU busy for twice the CPU time `fn()` takes to enqueue its work
+    (plus 20 us). Called just before a start event, it makes the event bracket `fn`'s GPU work
+    alone: the kernels are queued while the GPU still sleeps, so launch overhead is not timed."""
+    enqueue_us = 0.0
+    for _ in range(2):
+        start = time.perf_counter()
+        fn()
+        enqueue_us = max(enqueue_us, (time.perf_counter() - start) * 1e6)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cycles = int((2 * enqueue_us + 20) * _sleep_cycles_per_us(index))
+    return lambda: torch.cuda._sleep(cycles)
+
+
+def _time_cuda(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float, min_rep: int,
+               max_rep: int, flush_l2: bool, hide_launch: bool) -> List[float]:
+    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device=device) if flush_l2 else None
     fn()
     torch.cuda.synchronize()
     probe_start, probe_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -34,12 +63,15 @@ def _time_cuda(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_re
     per_call = max(probe_start.elapsed_time(probe_end) / 3, 1e-3)
     for _ in range(max(1, int(warmup_ms / per_call))):
         fn()
+    cover = _launch_cover(fn, device) if hide_launch else None
     reps = max(min_rep, min(max_rep, int(rep_ms / per_call)))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):
         if flush is not None:
             flush.zero_()
+        if cover is not None:
+            cover()
         start.record()
         fn()
         end.record()
@@ -65,29 +97,37 @@ def _time_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep
 
 def benchmark(fn: Callable[[], object], device: torch.device | str, warmup_ms: float = 25.0,
               rep_ms: float = 100.0, min_rep: int = 5, flush_l2: bool = True,
-              max_rep: Optional[int] = None) -> Dict[str, float]:
+              max_rep: Optional[int] = None, hide_launch: bool = False) -> Dict[str, float]:
     """Time `fn()` on `device`; returns {"median_ms", "p20_ms", "p80_ms"} in milliseconds.
 
     Repeats: as many as fit in `rep_ms`, at least `min_rep`, at most `max_rep` (None: no cap on
     CUDA, 200 on CPU). On CUDA each repeat is bracketed by CUDA events and preceded by a write of
-    256 MB, so no repeat finds its data in L2. On CPU, wall-clock time per call.
+    256 MB, so no repeat finds its data in L2. hide_launch (CUDA): the GPU is kept busy while `fn`
+    is enqueued, so the time is its GPU work alone, as under CUDA graphs, without the CPU's launch
+    overhead (which eager runs pay). On CPU, wall-clock time per call.
     """
-    if torch.device(device).type == "cuda":
+    device = torch.device(device)
+    if device.type == "cuda":
         cap = sys.maxsize if max_rep is None else max_rep
-        return _quantiles(_time_cuda(fn, warmup_ms, rep_ms, min_rep, cap, flush_l2))
+        return _quantiles(_time_cuda(fn, device, warmup_ms, rep_ms, min_rep, cap, flush_l2, hide_launch))
     return _quantiles(_time_cpu(fn, warmup_ms, rep_ms, min_rep, 200 if max_rep is None else max_rep))
 
 
-def time_one_call(fn: Callable[[], object], device: torch.device | str) -> float:
+def time_one_call(fn: Callable[[], object], device: torch.device | str, hide_launch: bool = False) -> float:
     """Milliseconds of one call of `fn()` after one untimed call (which pays compilation and
-    algorithm selection); CUDA events on CUDA, wall clock on CPU."""
+    algorithm selection); CUDA events on CUDA (launch overhead hidden as in `benchmark` when
+    `hide_launch`), wall clock on CPU."""
+    device = torch.device(device)
     fn()
-    if torch.device(device).type != "cuda":
+    if device.type != "cuda":
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
     torch.cuda.synchronize()
+    cover = _launch_cover(fn, device) if hide_launch else None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if cover is not None:
+        cover()
     start.record()
     fn()
     end.record()
