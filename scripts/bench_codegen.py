@@ -209,9 +209,13 @@ class Layer:
         self.x = torch.randn(spec.input_shape, device="cuda", generator=gen)
         self.bias = torch.randn(spec.K, device="cuda", generator=gen)
         self.baselines: Dict[str, Dict[str, dict]] = {}
+        self._inputs: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
 
     def inputs(self, dtype: str) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self.x.to(DTYPES[dtype]), self.bias.to(DTYPES[dtype])
+        """x and bias in `dtype` (converted once)."""
+        if dtype not in self._inputs:
+            self._inputs[dtype] = self.x.to(DTYPES[dtype]), self.bias.to(DTYPES[dtype])
+        return self._inputs[dtype]
 
     def weight(self, sparsity: float, dtype: str) -> torch.Tensor:
         return torch.from_numpy(exact_sparse_weight(self.spec, sparsity, self.args.seed)).to("cuda", DTYPES[dtype])
