@@ -22,7 +22,7 @@ Trade-off (the generated kernels run on the CPU with HFMA2's rounding, tests/cod
 error relative to the exact result rounded to half once, which is what cuDNN's fp32 accumulation
 gives): one half2 sum over a whole reduction grows like sqrt(non-zero terms) times worse (11.8x
 at 288 terms), far outside the project's 2x; partials of 1, 2, 4 and 6 terms give 1.4-1.6x,
-1.5-1.7x, 1.6-2.0x and 2.1x. A flush costs 4 instructions per HFMA2 accumulator (2 conversions, 2
+1.5-1.7x, 1.6-2.0x and 1.8-2.1x. A flush costs 4 instructions per HFMA2 accumulator (2 conversions, 2
 FADD), so at half_terms=2 an output pair costs 2 HFMA2 + 4 per 2 terms against 4 FFMA, and at 4
 terms the two break even: within the tolerance HFMA2 saves shared-memory loads and window
 registers (one 32-bit word holds both lanes), not FMA-pipe instructions. Hence "float" by default
