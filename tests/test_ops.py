@@ -379,17 +379,16 @@ def test_gpu_cuda_graph_replay_equals_eager(backend, dtype, exact_fp32):
 
 
 @gpu
-@pytest.mark.parametrize("backend, dtype", GPU_CASES, ids=str)
-@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs", "reduce-overhead"])
-def test_gpu_compile_equals_eager(backend, dtype, mode, exact_fp32):
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpu_compile_equals_eager(backend, mode, exact_fp32):
     torch._dynamo.reset()
-    model = TwoConvs(backend, "cuda", dtype).eval()
-    x = inputs(spec_of(backend).input_shape, device="cuda", dtype=dtype)
+    model = TwoConvs(backend, "cuda").eval()
+    x = inputs(spec_of(backend).input_shape, device="cuda")
     with torch.no_grad():
         eager = model(x)
         compiled = torch.compile(model, mode=mode, fullgraph=True)
         for _ in range(3):  # reduce-overhead records its CUDA graph on a later call
             y = compiled(x)
     # inductor may reorder the dense baseline's adds; the sparse ops' outputs are the kernels' own
-    limit = 0 if backend != "dense" else 1e-6 if dtype == torch.float32 else 1e-3
-    assert relative_error(y, eager) <= limit
+    assert relative_error(y, eager) <= (1e-6 if backend == "dense" else 0)
