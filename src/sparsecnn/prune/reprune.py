@@ -309,21 +309,7 @@ def reprune_layer(weight: torch.Tensor, decomposition: BlockDecomposition, b3: f
                          f"{tuple(weight.shape)}: pass extract_blocks(weight)")
     before = _layer_stats(layer, c1, c2)
     squares = layer.values ** 2
-    cell_costs = np.ceil(resolution * squares).astype(np.int64)
-    budget = math.floor(resolution * b3 * squares.sum())
-    rounds = 0
-    while True:
-        candidates = benefits(layer, c1, c2)
-        costs = candidates.costs(layer, cell_costs)
-        # Equal (benefit, cost) pairs are taken lowest index first: order them by |w| so the
-        # smallest real weights go first.
-        order = np.argsort(candidates.costs(layer, squares), kind="stable")
-        chosen = order[knapsack(candidates.benefit[order], costs[order], budget)]
-        if not chosen.size:
-            break
-        rounds += 1
-        budget -= int(costs[chosen].sum())
-        layer.remove(candidates, chosen)
+    rounds = _knapsack_rounds(layer, math.floor(resolution * b3 * squares.sum()), resolution, c1, c2)
     after = _layer_stats(layer, c1, c2)
     stats = {f"{key}_before": value for key, value in before.items()}
     stats.update({f"{key}_after": value for key, value in after.items()})
@@ -336,6 +322,26 @@ def reprune_layer(weight: torch.Tensor, decomposition: BlockDecomposition, b3: f
     mask = torch.from_numpy(layer.nonzero).reshape(weight.shape).to(weight.device)
     retrain = torch.from_numpy(layer.nonzero | layer.block_cells()).reshape(weight.shape).to(weight.device)
     return LayerReprune(mask, retrain, _decomposition(layer, decomposition, weight.dtype), stats)
+
+
+def _knapsack_rounds(layer: ReorganisedLayer, budget: int, resolution: int, c1: float, c2: float) -> int:
+    """Remove from `layer` what the knapsack chooses, round after round on the leftover `budget`
+    (integer, in units of 1 / resolution of w^2) with benefits recomputed; returns the rounds run."""
+    squares = layer.values ** 2
+    cell_costs = np.ceil(resolution * squares).astype(np.int64)
+    rounds = 0
+    while True:
+        candidates = benefits(layer, c1, c2)
+        costs = candidates.costs(layer, cell_costs)
+        # Equal (benefit, cost) pairs are taken lowest index first: ordering by w^2 makes the
+        # smallest real weights go first.
+        order = np.argsort(candidates.costs(layer, squares), kind="stable")
+        chosen = order[knapsack(candidates.benefit[order], costs[order], budget)]
+        if not chosen.size:
+            return rounds
+        rounds += 1
+        budget -= int(costs[chosen].sum())
+        layer.remove(candidates, chosen)
 
 
 def _layer_stats(layer: ReorganisedLayer, c1: float, c2: float) -> Dict[str, float]:
