@@ -99,7 +99,8 @@ def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
     masks: module name -> bool mask (default: a `weight_mask` from torch.nn.utils.prune, else the
     weight's non-zeros; an existing SparseConv2d keeps its mask). dtype: None (the model's own
     precision, exact) or "fp32" (exact, no TF32), "tf32", "fp16", "bf16", "fp64"; the model is
-    converted to that dtype. Returns `model`, modified in place.
+    converted to that dtype. cache_dir, retune, progress: see `autotune_model`. Returns `model`,
+    modified in place.
     """
     if backend == "auto":
         if example_inputs is None:
