@@ -1,8 +1,12 @@
 """Shared fixtures: seeded RNG, the `gpu` marker's skip, sparse weights that are never all zero."""
 import os
+import tempfile
 
 import pytest
 import torch
+
+# Autotune decisions of test runs go to a throwaway directory, never the user's cache.
+os.environ.setdefault("SPARSECNN_CACHE_DIR", tempfile.mkdtemp(prefix="sparsecnn-test-cache-"))
 
 # Triton reads TRITON_INTERPRET when first imported: CPU runs of its kernels need it set beforehand.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
