@@ -3,12 +3,7 @@
 # in the same run, every candidate config timed, L2 flushed): the suites at 90% sparsity in fp32 and
 # fp16 (DLMC magnitude masks for resnet50, random elsewhere), then the sparsity sweep on five layers.
 # Usage: OUT=out SPARSECNN_COMMIT=$(git rev-parse --short HEAD) bash scripts/bench-direct.sh [suites|sweep|all]
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-[ -d .carry/dlmc-rn50 ] && export SPARSECNN_DLMC=$PWD/.carry/dlmc-rn50
+source "$(dirname "$0")/device-env.sh"
 RESULTS=$OUT/direct.jsonl
 TIMING="--warmup-ms 10 --rep-ms 30"
 what=${1:-all}

@@ -4,12 +4,7 @@
 # Results: $OUT/results.jsonl (schema in ARCHITECTURE.md), $OUT/report.md, $OUT/*.png, logs.
 # DLMC masks are read from .carry/dlmc-rn50 (copy of ../shared/data/dlmc-rn50) when present.
 # Usage: OUT=out SPARSECNN_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu-check.sh [tests|bench|all]
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-[ -d .carry/dlmc-rn50 ] && export SPARSECNN_DLMC=$PWD/.carry/dlmc-rn50
+source "$(dirname "$0")/device-env.sh"
 BACKENDS=${BACKENDS:-im2col-cublas,im2col-cusparse}
 RESULTS=$OUT/results.jsonl
 what=${1:-all}

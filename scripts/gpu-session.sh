@@ -4,12 +4,8 @@
 # At most 8 files come back from $OUT, so each stage writes one log and one JSON-lines file.
 # Usage: OUT=out SPARSECNN_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu-session.sh STAGE...
 #   stages: tests codegen reprune models models-quick
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-[ -d .carry/dlmc-rn50 ] && export SPARSECNN_DLMC=$PWD/.carry/dlmc-rn50
+SELF=$(realpath "$0")
+source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
@@ -20,7 +16,7 @@ model() {  # model NAME BATCH DTYPE [extra bench-model flags]
 }
 
 for stage in "$@"; do
-    [ "$stage" = models ] && { timeout "${MODELS_TIMEOUT_S:-900}" bash "$0" models-untimed; echo "stage models done"; continue; }
+    [ "$stage" = models ] && { timeout "${MODELS_TIMEOUT_S:-900}" bash "$SELF" models-untimed; echo "stage models done"; continue; }
     [ "$stage" = models-untimed ] && stage=models
     start=$SECONDS
     case $stage in

@@ -49,6 +49,21 @@ def int_pair(value, name: str) -> Tuple[int, int]:
     return pair
 
 
+def stride_padding(stride, padding) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """((sh, sw), (ph, pw)) from ints or pairs; ValueError unless stride >= 1 and padding >= 0."""
+    (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
+    if min(sh, sw) < 1 or min(ph, pw) < 0:
+        raise ValueError(f"stride must be >= 1 and padding >= 0, got stride={stride!r} padding={padding!r}")
+    return (sh, sw), (ph, pw)
+
+
+def check_kernel_shape(kernel_shape) -> Tuple[int, int, int, int]:
+    """The weight's (K, C, R, S) as a 4-tuple; ValueError otherwise."""
+    if len(kernel_shape) != 4:
+        raise ValueError(f"kernel_shape must be (K, C, R, S), got {tuple(kernel_shape)}")
+    return tuple(kernel_shape)
+
+
 def check_residual(residual: Optional[torch.Tensor], shape: Sequence[int], like: torch.Tensor) -> None:
     """Raise unless `residual` is None or a tensor of `shape` with the dtype and device of `like`.
 

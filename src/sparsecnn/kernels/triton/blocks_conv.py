@@ -60,7 +60,8 @@ import triton.language as tl
 from ...formats import expand_offsets
 from ...formats.blocks import BlockDecomposition, BlockParams, extract_blocks
 from ...layers import ConvSpec
-from ..configs import check_pow2_field, check_residual, config_from_dict, int_pair, interpreting, pow2_at_least
+from ..configs import (check_kernel_shape, check_pow2_field, check_residual, config_from_dict, int_pair,
+                       interpreting, pow2_at_least, stride_padding)
 
 PRECISIONS = ("ieee", "tf32")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -531,12 +532,9 @@ def blocks_conv2d_arrays(x: torch.Tensor, arrays: BlocksArrays, kernel_shape: Tu
     size and dtype): the launcher the torch.library op `sparsecnn::blocks_conv2d` binds.
     kernel_shape: the weight's (K, C, R, S); config: the one the arrays were packed with.
     """
-    (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
-    if min(sh, sw) < 1 or min(ph, pw) < 0:
-        raise ValueError(f"stride must be >= 1 and padding >= 0, got stride={stride!r} padding={padding!r}")
+    (sh, sw), (ph, pw) = stride_padding(stride, padding)
     _check_x(x)
-    if len(kernel_shape) != 4:
-        raise ValueError(f"kernel_shape must be (K, C, R, S), got {tuple(kernel_shape)}")
+    check_kernel_shape(kernel_shape)
     _check_arrays(x, arrays, config)
     n, c, h, w = x.shape
     k, kernel_c, r, s = kernel_shape

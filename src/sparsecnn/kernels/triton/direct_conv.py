@@ -47,7 +47,8 @@ import triton.language as tl
 
 from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
-from ..configs import check_pow2_field, check_residual, config_from_dict, int_pair, interpreting, pow2_at_least
+from ..configs import (check_kernel_shape, check_pow2_field, check_residual, config_from_dict, interpreting,
+                       pow2_at_least, stride_padding)
 
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
 VARIANTS = ("chunk", "ell", "csr")
@@ -432,9 +433,7 @@ def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Te
     Returns (N, K, P, Q) contiguous, x's dtype. `config` None: the default for this layer and the
     weight's variant.
     """
-    (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
-    if min(sh, sw) < 1 or min(ph, pw) < 0:
-        raise ValueError(f"stride must be >= 1 and padding >= 0, got stride={stride!r} padding={padding!r}")
+    (sh, sw), (ph, pw) = stride_padding(stride, padding)
     _check_x(x)
     if not isinstance(weight, (ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight)):
         raise TypeError(f"weight must be a ChunkedCSRWeight, UniformELLWeight or OffsetCSRWeight, "
@@ -459,12 +458,9 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
     padded size; the offsets must be for exactly H + 2 pad_h x W + 2 pad_w): the launcher the
     torch.library op `sparsecnn::direct_conv2d` binds. kernel_shape: the weight's (K, C, R, S).
     """
-    (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")
-    if min(sh, sw) < 1 or min(ph, pw) < 0:
-        raise ValueError(f"stride must be >= 1 and padding >= 0, got stride={stride!r} padding={padding!r}")
+    (sh, sw), (ph, pw) = stride_padding(stride, padding)
     _check_x(x)
-    if len(kernel_shape) != 4:
-        raise ValueError(f"kernel_shape must be (K, C, R, S), got {tuple(kernel_shape)}")
+    check_kernel_shape(kernel_shape)
     kernel_k, kernel_c, kernel_r, kernel_s = kernel_shape
     n, c, h, w = x.shape
     if c != kernel_c:
