@@ -1,4 +1,4 @@
-"""`sparsecnn` command line: layers, backends, bench layers/model, report, demo, prune."""
+"""`sparsecnn` command line: layers, backends, bench layers/model, report, demo, prune, compile, load."""
 from __future__ import annotations
 
 import argparse
@@ -125,6 +125,40 @@ def _cmd_prune(args) -> None:
           f"{report['top1']:.2f}% after {args.method} pruning{quantized}; checkpoint written to {args.output}")
 
 
+def _input_shape(text: str) -> List[int]:
+    try:
+        shape = [int(part) for part in _split(text)]
+    except ValueError:
+        shape = []
+    if len(shape) < 3 or min(shape) < 1:
+        raise ValueError(f"--input-shape must be positive ints N,C,H,W (or N,C,L), got {text!r}")
+    return shape
+
+
+def _cmd_compile(args) -> None:
+    from .artifact import compile_model
+
+    model = compile_model(args.model, args.checkpoint, _input_shape(args.input_shape), args.dtype,
+                          _split(args.backends) if args.backends else None, args.output,
+                          num_classes=args.num_classes, device=args.device, cache_dir=args.cache_dir,
+                          retune=args.retune, progress=True)
+    print(model.sparsecnn_report.format())
+    print(f"\nartefact written to {args.output}")
+
+
+def _cmd_load(args) -> None:
+    import time
+
+    from .artifact import load
+
+    start = time.perf_counter()
+    model = load(args.artifact, args.device, cache_dir=args.cache_dir, progress=True)
+    seconds = time.perf_counter() - start
+    print(model.sparsecnn_report.format())
+    retuned = "" if model.sparsecnn_retuned is None else f", re-tuned: {model.sparsecnn_retuned}"
+    print(f"\nloaded {args.artifact} in {seconds:.3f} s{retuned}")
+
+
 def _quantizer(scheme: str):
     """None for "none", else the `sparsecnn.prune.quantize.QUANTIZERS` entry named `scheme`."""
     from .prune.quantize import QUANTIZERS
@@ -215,6 +249,26 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--seed", type=int, default=0)
     prune.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     prune.set_defaults(run=_cmd_prune)
+
+    compile_ = commands.add_parser("compile", help="tune a pruned checkpoint and write a loadable artefact")
+    compile_.add_argument("checkpoint", help="sparsecnn prune checkpoint, or a state dict (torch.save or safetensors)")
+    compile_.add_argument("--model", required=True, help="registered model name (sparsecnn.models.MODEL_NAMES)")
+    compile_.add_argument("--input-shape", required=True, help="N,C,H,W the model is tuned for")
+    compile_.add_argument("--dtype", choices=DTYPES, default="fp32", help="precision policy; fp32 means TF32 off")
+    compile_.add_argument("--backends", default=None,
+                          help="comma-separated backends to try besides dense (default: the autotuner's set)")
+    compile_.add_argument("--num-classes", type=int, default=None, help="the model's outputs (default: its dataset's)")
+    compile_.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    compile_.add_argument("--cache-dir", default=None, help="tuning cache (default: $SPARSECNN_CACHE_DIR or ~/.cache)")
+    compile_.add_argument("--retune", action="store_true", help="time every candidate even when cached")
+    compile_.add_argument("-o", "--output", required=True, help="artefact directory to write (replaced atomically)")
+    compile_.set_defaults(run=_cmd_compile)
+
+    load = commands.add_parser("load", help="load an artefact; print its per-layer decisions and the load time")
+    load.add_argument("artifact")
+    load.add_argument("--device", default=None, help="default: where it was tuned, when present here")
+    load.add_argument("--cache-dir", default=None, help="tuning cache used if it must re-tune")
+    load.set_defaults(run=_cmd_load)
     return parser
 
 

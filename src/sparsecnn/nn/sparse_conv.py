@@ -123,8 +123,8 @@ class SparseConv2d(nn.Module):
         """The 2-D `ConvSpec` of this layer applied to `x` (a Conv1d input is viewed as H = 1)."""
         n, c, *spatial = x.shape
         h, w = (1, spatial[0]) if self.conv_dims == 1 else spatial
-        return ConvSpec(n, c, self.out_channels, h, w, *self._weight_4d().shape[2:], self.stride, self.padding,
-                        self.dilation, self.groups)
+        r, s = (1, self.weight.shape[2]) if self.conv_dims == 1 else self.weight.shape[2:]
+        return ConvSpec(n, c, self.out_channels, h, w, r, s, self.stride, self.padding, self.dilation, self.groups)
 
     def _weight_4d(self) -> torch.Tensor:
         weight = self.weight * self.mask
@@ -144,15 +144,29 @@ class SparseConv2d(nn.Module):
         if x.device != self.weight.device:
             raise ValueError(f"input is on {x.device} but the weight is on {self.weight.device}")
 
+    def _packing_key(self) -> Tuple:
+        return (self.backend, self.weight.device, self.weight.dtype, self.weight._version, self.mask._version,
+                str(self.config))
+
     def _packed_weight(self, backend):
         """The weight in the backend's format, repacked when the weight, mask, config or device changed."""
-        key = (self.backend, self.weight.device, self.weight.dtype, self.weight._version, self.mask._version,
-               str(self.config))
+        key = self._packing_key()
         if self._packed_key != key:
             with torch.no_grad():
                 self._packed = backend.prepare(self._weight_4d().contiguous(), self.config)
             self._packed_key = key
         return self._packed
+
+    def packed_weight(self) -> Any:
+        """The masked weight in the backend's format (`Backend.prepare`), packed now if the weight,
+        mask, config or device changed since it last was."""
+        return self._packed_weight(get_backend(self.backend))
+
+    def adopt_packed(self, packed: Any) -> None:
+        """Use `packed` as the backend's format of the current weight, mask, config, dtype and device
+        (e.g. restored from an artefact) instead of packing again; the caller vouches that it is.
+        Any change to those afterwards repacks as usual."""
+        self._packed, self._packed_key, self._binding = packed, self._packing_key(), None
 
     def _bind(self, x: torch.Tensor) -> "_Binding":
         """The binding for inputs like `x` (eager only): reused while the input's shape, dtype and

@@ -1,0 +1,158 @@
+"""`load`: restore a compiled artefact as a ready-to-run model, re-tuning only where it must.
+
+Nothing is unpickled: the manifest is JSON, the tensors are safetensors or a weights-only torch
+file, packed formats are rebuilt from JSON and tensors as sparsecnn dataclasses only, and the
+codegen files are bytes copied into the codegen cache.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+from torch import fx
+
+from ..autotune import LayerResult, Timer, TuneReport, environment_fingerprint
+from ..autotune.fingerprint import describe_difference
+from ..layers import ConvSpec
+from ..models import build_model
+from ..nn import SparseConv2d, autotune_model, prepare_for_inference
+from .codegen_files import current_toolchain, install_codegen
+from .compiling import PACKED_PREFIX
+from .errors import ArtifactError
+from .manifest import MANIFEST, read_manifest, verify_files
+from .packing import decode_packed
+from .tensors import read_tensors
+
+_LOAD_SEED = 0
+
+
+def _device(device, manifest: dict) -> torch.device:
+    """`device`, else where the artefact was tuned when that device type is present here, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if manifest["device"] == "cuda" and torch.cuda.is_available() else "cpu")
+
+
+def _sparse_layers(gm: fx.GraphModule) -> Dict[str, SparseConv2d]:
+    return {name: module for name, module in gm.named_modules() if isinstance(module, SparseConv2d)}
+
+
+def _skeleton(manifest: dict, path: Path) -> fx.GraphModule:
+    """The model's inference graph with empty (meta) tensors, checked against the recorded fusion."""
+    model = manifest["model"]
+    try:
+        with torch.device("meta"):
+            built = build_model(model["name"], model.get("num_classes"))
+            gm = prepare_for_inference(built, example_inputs=torch.empty(1, *model["input_shape"][1:]))
+    except ValueError as error:
+        raise ArtifactError(f"{path}: cannot rebuild model {model['name']!r}: {error}") from error
+    fuse = gm.fuse_report
+    found = {"folded_batchnorms": fuse.folded_batchnorms, "fused_relus": fuse.fused_relus,
+             "fused_adds": fuse.fused_adds}
+    if found != manifest["fuse"]:
+        raise ArtifactError(f"{path}: model {model['name']!r} no longer simplifies as it did when compiled "
+                            f"(now {fuse.summary()}): compile the artefact again")
+    return gm
+
+
+def _load_state(gm: fx.GraphModule, manifest: dict, tensors: Dict[str, torch.Tensor], path: Path) -> None:
+    """Weights, masks, biases and the other parameters from `tensors`; each layer's backend, config
+    and activation from the manifest."""
+    state = {key: value for key, value in tensors.items() if not key.startswith(PACKED_PREFIX)}
+    for name in _sparse_layers(gm):
+        entry = manifest["layers"].get(name)
+        if not isinstance(entry, dict):
+            raise ArtifactError(f"{path}: no decision for conv layer {name!r}")
+        state[f"{name}._extra_state"] = {key: entry.get(key) for key in ("backend", "config", "activation")}
+    try:
+        gm.load_state_dict(state, strict=True, assign=True)
+    except (RuntimeError, ValueError, TypeError, KeyError) as error:
+        raise ArtifactError(f"{path}: the stored weights or decisions do not fit model "
+                            f"{manifest['model']['name']!r}: {error}") from error
+    left = [name for name, tensor in [*gm.named_parameters(), *gm.named_buffers()] if tensor.is_meta]
+    if left:
+        raise ArtifactError(f"{path}: the weights file lacks {', '.join(left[:5])}")
+
+
+def _environment_change(manifest: dict, device: torch.device) -> Optional[str]:
+    """Why the recorded decisions do not hold on `device` (None: they do)."""
+    reasons = []
+    recorded = manifest["environment"]
+    if recorded != environment_fingerprint(device):
+        reasons.append(describe_difference(recorded, environment_fingerprint(device)))
+    toolchain = manifest.get("codegen_toolchain")
+    if toolchain is not None and current_toolchain() != toolchain:
+        reasons.append(f"codegen toolchain: {toolchain!r} -> {current_toolchain()!r}")
+    return "; ".join(reasons) or None
+
+
+def _layer_input(layer: SparseConv2d, spec: ConvSpec, device: torch.device) -> torch.Tensor:
+    shape = (spec.N, spec.C, spec.W) if layer.conv_dims == 1 else (spec.N, spec.C, spec.H, spec.W)
+    return torch.empty(shape, dtype=layer.weight.dtype, device=device)
+
+
+def _number(value) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _restore(gm: fx.GraphModule, manifest: dict, tensors: Dict[str, torch.Tensor], device: torch.device,
+             prepare: bool) -> TuneReport:
+    """Adopt the stored packed weights, bind each tuned layer for its recorded input; the report."""
+    results = []
+    for name, layer in _sparse_layers(gm).items():
+        entry = manifest["layers"][name]
+        if entry.get("packed") is not None:
+            layer.adopt_packed(decode_packed(entry["packed"], tensors, device))
+        if entry.get("spec") is None:
+            continue
+        spec = ConvSpec(**entry["spec"])
+        if prepare:
+            layer.prepare(_layer_input(layer, spec, device))
+        results.append(LayerResult(name, spec, layer.backend, layer.config, entry.get("choice") or layer.backend,
+                                   _number(entry.get("time_ms")), _number(entry.get("dense_ms")),
+                                   {label: _number(ms) for label, ms in (entry.get("times_ms") or {}).items()},
+                                   {}, "artefact"))
+    tuning = manifest["tuning"]
+    return TuneReport(results, manifest["policy"], tuning.get("max_rel_error"), list(tuning.get("unreached", [])))
+
+
+def load(out_dir, device=None, *, prepare: bool = True, cache_dir=None, progress: Optional[bool] = None,
+         timer: Optional[Timer] = None) -> fx.GraphModule:
+    """The model compiled into the artefact `out_dir` (`compile_model`), in eval mode on `device`.
+
+    device: default where it was tuned when that device type exists here, else the CPU. Every file
+    is checked against the manifest's sizes and sha256 first: a missing, truncated or damaged file,
+    or a manifest that is not one, raises ArtifactError (a ValueError) naming it. When this device
+    or toolchain differs from the one tuned on (GPU, torch/CUDA/cuDNN/triton/driver versions, or
+    the codegen nvcc/ptxas), it warns why and re-tunes here (`autotune_model` on a seeded random
+    input of the recorded shape, same policy and backends; cache_dir, progress, timer as there);
+    otherwise nothing is timed. prepare: bind every tuned layer for its recorded input shape now,
+    so the first forward does no setup. The model's `sparsecnn_report` holds the decisions (cache
+    column "artefact" when taken from it) and `sparsecnn_retuned` the reason it re-tuned, or None.
+    """
+    directory = Path(out_dir)
+    manifest = read_manifest(directory)
+    verify_files(directory, manifest)
+    device = _device(device, manifest)
+    tensors = read_tensors(directory / manifest["weights"], aligned=device.type == "cpu")
+    path = directory / MANIFEST
+    gm = _skeleton(manifest, path)
+    _load_state(gm, manifest, tensors, path)
+    gm = gm.to(device).eval()
+    install_codegen(directory, manifest["files"])
+    why = _environment_change(manifest, device)
+    gm.sparsecnn_retuned = why
+    if why is None:
+        gm.sparsecnn_report = _restore(gm, manifest, tensors, device, prepare)
+        return gm
+    warnings.warn(f"sparsecnn.load({str(directory)!r}): re-tuning, the artefact was tuned in another environment "
+                  f"({why}); compile it again here to keep the new decisions", stacklevel=2)
+    example = torch.randn(manifest["model"]["input_shape"], generator=torch.Generator().manual_seed(_LOAD_SEED))
+    gm.sparsecnn_report = autotune_model(gm, example.to(device), backends=manifest.get("backends"),
+                                         dtype=manifest["policy"], cache_dir=cache_dir, progress=progress,
+                                         timer=timer)
+    return gm
+
