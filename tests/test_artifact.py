@@ -3,9 +3,11 @@ the same environment, re-tuning with a message elsewhere, clear errors for damag
 unpickling, packed formats and generated code restored without repacking or recompiling, atomic
 publishing, the CLI. Timings are fake (an injected timer) except in the CLI test."""
 import copy
+import dataclasses
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from codegen_helpers import needs_tools
 from conftest import needs_interpreter
 from sparsecnn.artifact import ArtifactError, compile_model, load
 from sparsecnn.artifact.codegen_files import install_codegen, record_codegen
+from sparsecnn.artifact.loading import _skeleton
 from sparsecnn.artifact.manifest import MANIFEST, publish, read_manifest, verify_files
 from sparsecnn.artifact.packing import decode_packed, encode_packed
 from sparsecnn.artifact.tensors import file_record
@@ -23,8 +26,8 @@ from sparsecnn.formats.ell import OffsetCSRWeight, UniformELLWeight
 from sparsecnn.kernels.codegen import toolchain
 from sparsecnn.kernels.reference import relative_error
 from sparsecnn.layers import ConvSpec
-from sparsecnn.models import build_model
-from sparsecnn.nn import SparseConv2d
+from sparsecnn.models import MODEL_NAMES, build_model, default_input_shape
+from sparsecnn.nn import SparseConv2d, prepare_for_inference
 from sparsecnn.prune import prune_magnitude_, save_pruned
 
 LENET_SHAPE = [2, 1, 28, 28]
@@ -347,6 +350,18 @@ def test_bad_arguments_are_clear_errors(tmp_path):
         compile_model("lenet5", tmp_path / "nope.pt", LENET_SHAPE, "fp32", None, tmp_path / "a")
     with pytest.raises(ArtifactError, match="not a directory"):
         load(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_model_rebuilds_from_empty_tensors_as_it_simplifies(name):
+    shape = [1, *default_input_shape(name)]
+    fuse = prepare_for_inference(build_model(name).eval(), example_inputs=torch.zeros(shape)).fuse_report
+    manifest = {"model": {"name": name, "num_classes": None, "input_shape": shape}, "fuse": dataclasses.asdict(fuse)}
+    skeleton = _skeleton(manifest, Path("manifest.json"))
+    assert all(tensor.is_meta for tensor in skeleton.state_dict().values() if isinstance(tensor, torch.Tensor))
+    manifest["fuse"]["fused_adds"].append("a conv the model no longer has")
+    with pytest.raises(ArtifactError, match="no longer simplifies"):
+        _skeleton(manifest, Path("manifest.json"))
 
 
 def test_sparsecnn_exports_compile_model_and_load():

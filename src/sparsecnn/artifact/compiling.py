@@ -25,7 +25,7 @@ from ..backends import config_to_dict
 from ..models import build_model
 from ..nn import SparseConv2d, autotune_model, prepare_for_inference
 from ..prune import load_pruned
-from .codegen_files import current_toolchain, record_codegen
+from .codegen_files import CODEGEN_DIR, current_toolchain, record_codegen
 from .errors import ArtifactError
 from .manifest import FORMAT, VERSION, list_files, new_directory, publish, write_manifest
 from .packing import Unencodable, encode_packed
@@ -107,6 +107,8 @@ def _layer_entry(name: str, layer: SparseConv2d, result: Optional[LayerResult], 
                  times_ms={label: _finite(ms) for label, ms in result.times_ms.items()}, packed_note=None)
     if layer.backend == "codegen":
         record_codegen(layer, result.spec, directory)
+        entry["packed_note"] = f"kernels in {CODEGEN_DIR}/"
+        return entry
     try:
         with torch.no_grad():
             entry["packed"] = encode_packed(layer.packed_weight(), f"{PACKED_PREFIX}{name}/", device, tensors)
