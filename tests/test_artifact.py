@@ -346,6 +346,8 @@ def test_bad_arguments_are_clear_errors(tmp_path):
         compile_model("lenet5", None, [1, 28, -28], "fp32", None, tmp_path / "a")
     with pytest.raises(ValueError, match="model_name="):
         compile_model(build_model("lenet5"), None, LENET_SHAPE, "fp32", None, tmp_path / "a")
+    with pytest.raises(ValueError, match="num_classes=None"):
+        compile_model(build_model("lenet5", 100), None, LENET_SHAPE, "fp32", None, tmp_path / "a", model_name="lenet5")
     with pytest.raises(FileNotFoundError, match="nope.pt"):
         compile_model("lenet5", tmp_path / "nope.pt", LENET_SHAPE, "fp32", None, tmp_path / "a")
     with pytest.raises(ArtifactError, match="not a directory"):

@@ -51,6 +51,13 @@ def _resolve_model(model: str | nn.Module, model_name: Optional[str],
     if not isinstance(model_name, str):
         raise ValueError("model_name= must name the registered architecture of the nn.Module given "
                          "(sparsecnn.load rebuilds it with sparsecnn.models.build_model)")
+    with torch.device("meta"):
+        expected = {key: tuple(value.shape) for key, value in build_model(model_name, num_classes).state_dict().items()}
+    found = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    if found != expected:
+        differing = sorted(key for key in set(found) | set(expected) if found.get(key) != expected.get(key))
+        raise ValueError(f"the model given is not build_model({model_name!r}, num_classes={num_classes}) (differs in "
+                         f"{', '.join(differing[:4])}): sparsecnn.load could not rebuild it")
     return model_name, model
 
 
@@ -169,8 +176,7 @@ def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence
     biases, the other layers' parameters) and the packed sparse formats, and `codegen/` with the
     kernels of `codegen` layers. It is written into a temporary directory beside `out_dir` and
     renamed onto it (an older artefact there is replaced). A module given is put in eval mode and
-    moved to `device`. Returns the tuned model, with its
-    `TuneReport` as `sparsecnn_report`.
+    moved to `device`. Returns the tuned model, with its `TuneReport` as `sparsecnn_report`.
     """
     weights_format = weights_format or default_weights_format()
     if weights_format not in WEIGHTS_FORMATS:
