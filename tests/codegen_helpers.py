@@ -145,3 +145,23 @@ def run_emitted_on_cpu(plan, weight: np.ndarray, x: np.ndarray, bias: np.ndarray
                     str(plan.slice_k), str(grid[0]), str(grid[1]), str(plan.config.tx), str(plan.config.ty)],
                    cwd=tmp_path, check=True)
     return np.fromfile(tmp_path / "y.bin", dtype=element).reshape(n, spec.K, spec.P, spec.Q)
+
+
+def assert_graph_replay_equals_eager(backend, packed, x, bias, spec) -> None:
+    """Capture `backend.run` in a CUDA graph (after an eager run that compiles and loads the
+    kernels, and a warm-up on a side stream), replay it on new input, compare with eager."""
+    import torch
+
+    backend.run(x, packed, bias, spec, None)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        backend.run(x, packed, bias, spec, None)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_static = backend.run(x, packed, bias, spec, None)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_static, backend.run(x, packed, bias, spec, None))

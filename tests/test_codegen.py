@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from codegen_helpers import needs_gxx, needs_tools, run_emitted_on_cpu, sparse, value_map
+from codegen_helpers import (assert_graph_replay_equals_eager, needs_gxx, needs_tools, run_emitted_on_cpu, sparse,
+                             value_map)
 from sparsecnn.backends import config_to_dict, get_backend
 from sparsecnn.kernels import codegen
 from sparsecnn.kernels.codegen import loader as loader_module
@@ -462,19 +463,7 @@ def test_cuda_graph_replay_equals_eager(cache):
     backend = get_backend("codegen")
     packed = backend.prepare(torch.from_numpy(sparse(spec.weight_shape, 0.9)).cuda(), None)
     x, bias = torch.randn(3, 3, 13, 13, device="cuda"), torch.randn(spec.K, device="cuda")
-    backend.run(x, packed, bias, spec, None)  # compiles and loads outside capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        backend.run(x, packed, bias, spec, None)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_static = backend.run(x, packed, bias, spec, None)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y_static, backend.run(x, packed, bias, spec, None))
+    assert_graph_replay_equals_eager(backend, packed, x, bias, spec)
 
 
 @gpu

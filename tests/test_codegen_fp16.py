@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from codegen_helpers import needs_gxx, needs_tools, run_emitted_on_cpu, sparse, value_map
+from codegen_helpers import (assert_graph_replay_equals_eager, needs_gxx, needs_tools, run_emitted_on_cpu, sparse,
+                             value_map)
 from sparsecnn.backends import get_backend
 from sparsecnn.kernels import codegen
 from sparsecnn.kernels.codegen import half2, toolchain
@@ -472,17 +473,5 @@ def test_fp16_cuda_graph_replay_equals_eager():
     packed = backend.prepare(torch.from_numpy(sparse(spec.weight_shape, 0.9)).to("cuda", HALF), None)
     x = torch.randn(3, 3, 13, 13, device="cuda", dtype=HALF)
     bias = torch.randn(spec.K, device="cuda", dtype=HALF)
-    eager = backend.run(x, packed, bias, spec, None)  # compiles and loads outside capture
-    assert eager.dtype == HALF
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        backend.run(x, packed, bias, spec, None)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_static = backend.run(x, packed, bias, spec, None)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y_static, backend.run(x, packed, bias, spec, None))
+    assert backend.run(x, packed, bias, spec, None).dtype == HALF
+    assert_graph_replay_equals_eager(backend, packed, x, bias, spec)
