@@ -137,6 +137,19 @@ def test_bench_model_lenet5():
     assert choices["conv_ms"] > 0 and choices["dense_conv_ms"] > 0
 
 
+def test_bench_model_reads_pruned_checkpoints(tmp_path):
+    from sparsecnn.models import build_model
+    from sparsecnn.prune import magnitude_mask, save_pruned
+
+    model = build_model("lenet5")
+    masks = {name: magnitude_mask(getattr(model, name).weight, 0.75) for name in ("conv1", "conv2")}
+    save_pruned(tmp_path / "lenet5.pt", "lenet5", model, masks, {"method": "magnitude"})
+    rows = bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.0, pattern="random", device="cpu",
+                       modes=("eager",), progress=False, timing=FAST, checkpoint=tmp_path / "lenet5.pt")
+    assert rows[0]["pattern"] == "checkpoint" and rows[0]["sparsity"] == pytest.approx(0.75, abs=1e-3)
+    assert all(row["rel_err"] < 1e-5 for row in rows)
+
+
 def test_bench_model_rejects_dlmc_for_other_models():
     with pytest.raises(ValueError, match="resnet50"):
         bench_model("lenet5", batch=1, dtype="fp32", sparsity=0.9, pattern="dlmc-magnitude_pruning",

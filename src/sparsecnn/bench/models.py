@@ -25,7 +25,8 @@ from ..backends import config_to_dict, get_backend
 from ..kernels.reference import relative_error
 from ..models import build_model, default_input_shape
 from ..nn import SparseConv2d, prepare_for_inference, sparsify_
-from ..prune import apply_dlmc_, masks_from_weights, prune_magnitude_
+from ..prune import apply_dlmc_, load_pruned, masks_from_weights, prune_magnitude_
+from ..prune.checkpoint import FORMAT as PRUNED_FORMAT
 from .env import environment, new_run_id
 from .layers import CUDNN, free_memory, precision, round_to
 from .patterns import DLMC_PREFIX
@@ -40,8 +41,8 @@ def _pruned_model(name: str, sparsity: float, pattern: str, seed: int,
                   checkpoint: Optional[str | os.PathLike]) -> Tuple[nn.Module, str, float]:
     """(float32 model in eval mode on CPU, pattern label, sparsity to record).
 
-    Random init seeded by `seed`; then the checkpoint's state dict (already pruned: its zeros are the
-    pattern; recorded as pattern "checkpoint" with the measured conv sparsity), or magnitude pruning of
+    Random init seeded by `seed`; then the checkpoint (a `prune.save_pruned` file or a plain state
+    dict, already pruned: its zeros are the pattern; recorded as pattern "checkpoint" with the measured conv sparsity), or magnitude pruning of
     each conv to `sparsity` ("random": the init is i.i.d., so the mask is random), or the DLMC masks
     ("dlmc-<method>", resnet50 only).
     """
@@ -49,7 +50,7 @@ def _pruned_model(name: str, sparsity: float, pattern: str, seed: int,
         torch.manual_seed(seed)
         model = build_model(name)
     if checkpoint is not None:
-        model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+        _load_checkpoint_(model, checkpoint)
         masks = masks_from_weights(model)
         kept = sum(int(mask.sum()) for mask in masks.values())
         total = sum(mask.numel() for mask in masks.values())
@@ -63,6 +64,15 @@ def _pruned_model(name: str, sparsity: float, pattern: str, seed: int,
     else:
         raise ValueError(f"unknown pattern {pattern!r}; expected 'random' or 'dlmc-<method>'")
     return model.eval(), pattern, float(sparsity)
+
+
+def _load_checkpoint_(model: nn.Module, checkpoint: str | os.PathLike) -> None:
+    """Load a `prune.save_pruned` checkpoint (weights re-masked) or a plain state dict into `model`."""
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    if isinstance(payload, dict) and payload.get("format") == PRUNED_FORMAT:
+        load_pruned(checkpoint, model)
+    else:
+        model.load_state_dict(payload)
 
 
 def _round_model_(model: nn.Module, dtype: str) -> nn.Module:
