@@ -4,9 +4,6 @@ The kernel tests run on CPU through Triton's interpreter (TRITON_INTERPRET=1 set
 imported, as `make test` does) and, marked `gpu`, on CUDA. Kernel shapes are tiny and odd.
 """
 import dataclasses
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -441,28 +438,6 @@ def test_launcher_errors():
 
 
 # --- backend ------------------------------------------------------------------------------
-
-
-def test_import_does_not_import_triton_or_cuda():
-    code = ("import sys, torch, sparsecnn, sparsecnn.backends, sparsecnn.formats; "
-            "sparsecnn.backends.get_backend('blocks'); "
-            "assert 'triton' not in sys.modules, 'triton imported'; "
-            "assert not torch.cuda.is_initialized(), 'cuda initialised'")
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TRITON_INTERPRET": ""})
-
-
-def test_backend_registration_and_spec_check(monkeypatch):
-    backend = get_backend("blocks")
-    assert backend.dtypes["cuda"] == (torch.float32, torch.float16, torch.bfloat16)
-    assert backend.autotune_devices == ("cuda",)  # `auto` never picks the CPU interpreter
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert backend.unsupported_reason(SMALL, torch.float32, "cpu") is None
-    assert "float16" in backend.unsupported_reason(SMALL, torch.float16, "cpu")
-    monkeypatch.delenv("TRITON_INTERPRET")
-    assert "cpu" in backend.unsupported_reason(SMALL, torch.float32, "cpu")
-    assert "groups" in backend.spec_check(dataclasses.replace(SMALL, groups=3))
-    assert "dilation" in backend.spec_check(dataclasses.replace(SMALL, dilation=2))
-    assert backend.spec_check(ConvSpec(32, 256, 256, 14, 14, 3, 3, 1, 1)) is None
 
 
 @needs_interpreter

@@ -6,9 +6,6 @@ runs each program in numpy.
 """
 import dataclasses
 import itertools
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -333,26 +330,6 @@ def test_default_config_and_argument_errors():
 
 
 # --- backend -------------------------------------------------------------------------
-
-
-def test_import_does_not_import_triton_or_cuda():
-    code = ("import sys, torch, sparsecnn, sparsecnn.backends; "
-            "assert 'triton' not in sys.modules, 'triton imported'; "
-            "assert not torch.cuda.is_initialized(), 'cuda initialised'")
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TRITON_INTERPRET": ""})
-
-
-def test_backend_registration_and_spec_check(monkeypatch):
-    backend = get_backend("direct")
-    assert backend.dtypes["cuda"] == (torch.float32, torch.float16, torch.bfloat16)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert backend.unsupported_reason(SMALL, torch.float32, "cpu") is None
-    assert "float16" in backend.unsupported_reason(SMALL, torch.float16, "cpu")
-    monkeypatch.delenv("TRITON_INTERPRET")
-    assert "cpu" in backend.unsupported_reason(SMALL, torch.float32, "cpu")
-    assert "groups" in backend.spec_check(dataclasses.replace(SMALL, groups=3))
-    assert "dilation" in backend.spec_check(dataclasses.replace(SMALL, dilation=2))
-    assert backend.spec_check(LARGE) is None
 
 
 @needs_interpreter

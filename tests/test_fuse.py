@@ -6,7 +6,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import prune as torch_prune
 
-from conftest import sparse_weight
 from sparsecnn.kernels.reference import relative_error
 from sparsecnn.models import build_model
 from sparsecnn.nn import SparseConv2d, prepare_for_inference

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Any, List, Optional, Tuple
+from typing import Any, Tuple
 
 import torch
 
 from ..formats.blocks import BlockDecomposition, BlockParams, extract_blocks
 from ..layers import ConvSpec
-from ..ops import config_json
-from .registry import Backend, KernelCall, register_backend
-from .triton_common import TritonDtypes, gather_spec_check
+from .registry import KernelCall
+from .triton_common import op_static_args, padded_hw, register_triton_backend
 
 _CACHE_SIZE = 8  # a layer's distinct t2 values (4) for two layers at a time
 
@@ -31,10 +30,6 @@ def _kernels():
     from ..kernels.triton import blocks_conv
 
     return blocks_conv
-
-
-def _spec_check(spec: ConvSpec) -> Optional[str]:
-    return gather_spec_check("blocks", spec)
 
 
 _EXTRACTIONS: "OrderedDict[Tuple[str, Tuple[int, ...], str, int], BlockDecomposition]" = OrderedDict()
@@ -76,29 +71,12 @@ def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: boo
     if config.packing != packed.packing:
         raise ValueError(f"config (t2, block_m, block_kred) = {config.packing} differs from the weight's packing "
                          f"{packed.packing}; prepare the weight for this config")
-    padded_hw = [spec.H + 2 * spec.padding[0], spec.W + 2 * spec.padding[1]]
-    static = (list(packed.kernel_shape), padded_hw, list(spec.stride), list(spec.padding), config_json(config))
-    return KernelCall(torch.ops.sparsecnn.blocks_conv2d.default, kernels.weight_arrays(packed, *padded_hw, dtype),
-                      static)
+    return KernelCall(torch.ops.sparsecnn.blocks_conv2d.default,
+                      kernels.weight_arrays(packed, *padded_hw(spec), dtype), op_static_args(packed, spec, config))
 
 
-def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
-    return _kernels().candidate_configs(spec, dtype)
-
-
-def _config_from_dict(saved: dict) -> Any:
-    return _kernels().BlocksConfig.from_dict(saved)
-
-
-BLOCKS = register_backend(Backend(
-    name="blocks",
-    description="OptPrune: dense blocks found by hypergraph partitioning, run as GEMM (tensor cores), "
-                "plus a row-wise sparse remainder, one Triton launch",
-    dtypes=TritonDtypes(),
-    autotune_devices=("cuda",),  # on CPU it runs only in Triton's interpreter, for tests
-    prepare=_prepare,
-    bind=_bind,
-    spec_check=_spec_check,
-    configs=_configs,
-    config_from_dict=_config_from_dict,
-))
+BLOCKS = register_triton_backend(
+    "blocks",
+    "OptPrune: dense blocks found by hypergraph partitioning, run as GEMM (tensor cores), plus a row-wise sparse "
+    "remainder, one Triton launch",
+    _kernels, "BlocksConfig", _prepare, _bind)

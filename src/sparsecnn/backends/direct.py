@@ -9,25 +9,20 @@ and ReLU.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any
 
 import torch
 
 from ..formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ..layers import ConvSpec
-from ..ops import config_json
-from .registry import Backend, KernelCall, register_backend
-from .triton_common import TritonDtypes, gather_spec_check
+from .registry import KernelCall
+from .triton_common import op_static_args, padded_hw, register_triton_backend
 
 
 def _kernels():
     from ..kernels.triton import direct_conv
 
     return direct_conv
-
-
-def _spec_check(spec: ConvSpec) -> Optional[str]:
-    return gather_spec_check("direct", spec)
 
 
 def _prepare(weight: torch.Tensor, config: Any):
@@ -43,28 +38,12 @@ def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: boo
     if config is None:
         config = kernels.default_config(spec, dtype, kernels.variant_of(packed))
     kernels.check_weight_variant(packed, config)
-    padded_hw = [spec.H + 2 * spec.padding[0], spec.W + 2 * spec.padding[1]]
-    static = (list(packed.kernel_shape), padded_hw, list(spec.stride), list(spec.padding), config_json(config))
-    return KernelCall(torch.ops.sparsecnn.direct_conv2d.default, kernels.weight_arrays(packed, *padded_hw), static)
+    return KernelCall(torch.ops.sparsecnn.direct_conv2d.default, kernels.weight_arrays(packed, *padded_hw(spec)),
+                      op_static_args(packed, spec, config))
 
 
-def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
-    return _kernels().candidate_configs(spec, dtype)
-
-
-def _config_from_dict(saved: dict) -> Any:
-    return _kernels().DirectConfig.from_dict(saved)
-
-
-DIRECT = register_backend(Backend(
-    name="direct",
-    description="direct sparse convolution (UnSparse-Opt): chunked CSR, uniform-ELL or CSR weights with "
-                "precomputed input offsets, Triton",
-    dtypes=TritonDtypes(),
-    autotune_devices=("cuda",),  # on CPU it runs only in Triton's interpreter, for tests
-    prepare=_prepare,
-    bind=_bind,
-    spec_check=_spec_check,
-    configs=_configs,
-    config_from_dict=_config_from_dict,
-))
+DIRECT = register_triton_backend(
+    "direct",
+    "direct sparse convolution (UnSparse-Opt): chunked CSR, uniform-ELL or CSR weights with precomputed input "
+    "offsets, Triton",
+    _kernels, "DirectConfig", _prepare, _bind)

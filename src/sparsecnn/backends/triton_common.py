@@ -1,4 +1,4 @@
-"""What the Triton backends share: their dtype table and the layer checks of a gather kernel.
+"""What the Triton backends share: dtype table, layer checks, the op's static arguments, registration.
 
 Triton decides at import whether kernels run compiled or in its CPU interpreter
 (TRITON_INTERPRET=1), so a Triton backend offers CPU (fp32) only while that variable is set.
@@ -6,12 +6,15 @@ Triton decides at import whether kernels run compiled or in its CPU interpreter
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Dict, Iterator, Optional, Tuple
+from types import ModuleType
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from ..kernels.configs import interpreting
 from ..layers import ConvSpec
+from ..ops import config_json
+from .registry import Backend, register_backend
 
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
@@ -46,3 +49,30 @@ def gather_spec_check(name: str, spec: ConvSpec) -> Optional[str]:
     if spec.C * (spec.H + 2 * ph) * (spec.W + 2 * pw) > _INT32_MAX or spec.K * spec.P * spec.Q > _INT32_MAX:
         return "one image's input or output exceeds int32 offsets"
     return None
+
+
+def padded_hw(spec: ConvSpec) -> List[int]:
+    """[H + 2 pad_h, W + 2 pad_w]: the input size a packed weight's offsets are computed for."""
+    return [spec.H + 2 * spec.padding[0], spec.W + 2 * spec.padding[1]]
+
+
+def op_static_args(packed, spec: ConvSpec, config: Any) -> tuple:
+    """The non-tensor arguments of a Triton op: (kernel shape, padded size, stride, padding, config JSON)."""
+    return (list(packed.kernel_shape), padded_hw(spec), list(spec.stride), list(spec.padding), config_json(config))
+
+
+def register_triton_backend(name: str, description: str, kernels: Callable[[], ModuleType], config_class: str,
+                            prepare, bind) -> Backend:
+    """Register a Triton backend whose kernel module (imported lazily by `kernels()`) provides
+    `candidate_configs(spec, dtype)` and the config dataclass named `config_class`."""
+    return register_backend(Backend(
+        name=name,
+        description=description,
+        dtypes=TritonDtypes(),
+        autotune_devices=("cuda",),  # on CPU it runs only in Triton's interpreter, for tests
+        prepare=prepare,
+        bind=bind,
+        spec_check=lambda spec: gather_spec_check(name, spec),
+        configs=lambda spec, dtype: kernels().candidate_configs(spec, dtype),
+        config_from_dict=lambda saved: getattr(kernels(), config_class).from_dict(saved),
+    ))

@@ -62,7 +62,25 @@ def padding_overhead(row_nnz: torch.Tensor) -> float:
 
 
 @dataclasses.dataclass
-class UniformELLWeight:
+class _OffsetCache:
+    """Input offsets per (padded) input size, expanded from the columns once per size."""
+
+    _offsets: Dict[Tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict, repr=False,
+                                                                       compare=False, kw_only=True)
+
+    def offsets(self, height: int, width: int) -> torch.Tensor:
+        """int32 input offsets for a (padded) height x width input (see `_expand_offsets`)."""
+        key = (int(height), int(width))
+        if key not in self._offsets:
+            self._offsets[key] = self._expand_offsets(*key)
+        return self._offsets[key]
+
+    def _expand_offsets(self, height: int, width: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass
+class UniformELLWeight(_OffsetCache):
     """Every output channel holds L = max non-zeros per channel; shorter rows padded with zeros.
 
     values: float32 (K, L); cols: int32 (K, L) column c*R*S + r*S + s; row_nnz: int32 (K,) real
@@ -78,8 +96,6 @@ class UniformELLWeight:
     cols: torch.Tensor
     row_nnz: torch.Tensor
     kernel_shape: Tuple[int, int, int, int]
-    _offsets: Dict[Tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict, repr=False,
-                                                                       compare=False)
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor) -> "UniformELLWeight":
@@ -127,12 +143,9 @@ class UniformELLWeight:
     def device(self) -> torch.device:
         return self.values.device
 
-    def offsets(self, height: int, width: int) -> torch.Tensor:
-        """Input offsets for a (padded) height x width input: int32 (K, L), same strides as `values`."""
-        key = (int(height), int(width))
-        if key not in self._offsets:
-            self._offsets[key] = expand_offsets(self.cols.t(), self.kernel_shape, *key).t()
-        return self._offsets[key]
+    def _expand_offsets(self, height: int, width: int) -> torch.Tensor:
+        """int32 (K, L), same strides as `values`."""
+        return expand_offsets(self.cols.t(), self.kernel_shape, height, width).t()
 
     def to_dense(self) -> torch.Tensor:
         """The float32 (K, C, R, S) weight (padding adds zeros, so it decodes to the original)."""
@@ -143,7 +156,7 @@ class UniformELLWeight:
 
 
 @dataclasses.dataclass
-class OffsetCSRWeight:
+class OffsetCSRWeight(_OffsetCache):
     """Per-channel CSR (no padding) with channels ordered by decreasing non-zero count.
 
     csr: the `CSRWeight` of the K x C*R*S matrix (columns increasing within a row);
@@ -156,8 +169,6 @@ class OffsetCSRWeight:
     values: torch.Tensor
     row_order: torch.Tensor
     kernel_shape: Tuple[int, int, int, int]
-    _offsets: Dict[Tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict, repr=False,
-                                                                       compare=False)
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor) -> "OffsetCSRWeight":
@@ -190,12 +201,9 @@ class OffsetCSRWeight:
     def device(self) -> torch.device:
         return self.values.device
 
-    def offsets(self, height: int, width: int) -> torch.Tensor:
-        """Input offsets for a (padded) height x width input: int32 (nnz,)."""
-        key = (int(height), int(width))
-        if key not in self._offsets:
-            self._offsets[key] = expand_offsets(self.csr.col_idx, self.kernel_shape, *key)
-        return self._offsets[key]
+    def _expand_offsets(self, height: int, width: int) -> torch.Tensor:
+        """int32 (nnz,)."""
+        return expand_offsets(self.csr.col_idx, self.kernel_shape, height, width)
 
     def to_dense(self) -> torch.Tensor:
         """The float32 (K, C, R, S) weight."""
@@ -203,7 +211,7 @@ class OffsetCSRWeight:
 
 
 @dataclasses.dataclass
-class ChunkedCSRWeight:
+class ChunkedCSRWeight(_OffsetCache):
     """Per-channel CSR whose rows are padded with zeros to a multiple of `chunk` non-zeros.
 
     A kernel then loads a chunk of weights and offsets with one vector load each and issues the
@@ -219,8 +227,6 @@ class ChunkedCSRWeight:
     row_nnz: torch.Tensor
     chunk: int
     kernel_shape: Tuple[int, int, int, int]
-    _offsets: Dict[Tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict, repr=False,
-                                                                       compare=False)
 
     @classmethod
     def from_dense(cls, weight: torch.Tensor, chunk: int) -> "ChunkedCSRWeight":
@@ -254,12 +260,9 @@ class ChunkedCSRWeight:
     def device(self) -> torch.device:
         return self.values.device
 
-    def offsets(self, height: int, width: int) -> torch.Tensor:
-        """Input offsets for a (padded) height x width input: int32 (slots,)."""
-        key = (int(height), int(width))
-        if key not in self._offsets:
-            self._offsets[key] = expand_offsets(self.cols, self.kernel_shape, *key)
-        return self._offsets[key]
+    def _expand_offsets(self, height: int, width: int) -> torch.Tensor:
+        """int32 (slots,)."""
+        return expand_offsets(self.cols, self.kernel_shape, height, width)
 
     def to_dense(self) -> torch.Tensor:
         """The float32 (K, C, R, S) weight."""

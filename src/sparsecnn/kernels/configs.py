@@ -49,6 +49,17 @@ def int_pair(value, name: str) -> Tuple[int, int]:
     return pair
 
 
+def check_triton_input(x: torch.Tensor, kernel: str, dtypes: Sequence[torch.dtype]) -> None:
+    """x must be a 4-D (N, C, H, W) tensor of one of `dtypes`, on CUDA (or on the CPU while Triton
+    interprets); the errors name `kernel`."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError(f"x must be a 4-D (N, C, H, W) tensor, got {tuple(getattr(x, 'shape', ()))}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"x dtype must be one of {tuple(dtypes)}, got {x.dtype}")
+    if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
+        raise ValueError(f"x is on {x.device}: the {kernel} kernel needs CUDA (or CPU with TRITON_INTERPRET=1)")
+
+
 def stride_padding(stride, padding) -> Tuple[Tuple[int, int], Tuple[int, int]]:
     """((sh, sw), (ph, pw)) from ints or pairs; ValueError unless stride >= 1 and padding >= 0."""
     (sh, sw), (ph, pw) = int_pair(stride, "stride"), int_pair(padding, "padding")

@@ -60,8 +60,9 @@ import triton.language as tl
 from ...formats import expand_offsets
 from ...formats.blocks import BlockDecomposition, BlockParams, extract_blocks
 from ...layers import ConvSpec
-from ..configs import (check_kernel_shape, check_pow2_field, check_residual, config_from_dict, int_pair,
-                       interpreting, pow2_at_least, stride_padding)
+from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
+                       int_pair, pow2_at_least, stride_padding)
+from .epilogue import store_epilogue
 
 PRECISIONS = ("ieee", "tf32")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -146,11 +147,7 @@ def _blocks_conv_kernel(
         acc += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
     y_offs = (img * y_img_stride + pq)[:, None] + (rows * PQ)[None, :]
     mask = pix_ok[:, None] & row_ok[None, :]
-    if HAS_RESIDUAL:
-        acc += tl.load(res_ptr + y_offs, mask=mask, other=0.0).to(tl.float32)
-    if RELU:
-        acc = tl.maximum(acc, 0.0)
-    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
 
 
 # --- config -------------------------------------------------------------------------------------
@@ -441,17 +438,8 @@ def _plan_stats(tiles: List[_Tile], decomposition: BlockDecomposition) -> Dict[s
 BlocksArrays = Tuple[torch.Tensor, ...]
 
 
-def _check_x(x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        raise ValueError(f"x must be a 4-D (N, C, H, W) tensor, got {tuple(getattr(x, 'shape', ()))}")
-    if x.dtype not in _DTYPES:
-        raise TypeError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
-    if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
-        raise ValueError(f"x is on {x.device}: the blocks kernel needs CUDA (or CPU with TRITON_INTERPRET=1)")
-
-
 def _check_operands(x: torch.Tensor, weight: BlocksWeight, config: BlocksConfig) -> None:
-    _check_x(x)
+    check_triton_input(x, "blocks", _DTYPES)
     if not isinstance(weight, BlocksWeight):
         raise TypeError(f"weight must be a BlocksWeight, got {type(weight).__name__}")
     if weight.device != x.device:
@@ -533,7 +521,7 @@ def blocks_conv2d_arrays(x: torch.Tensor, arrays: BlocksArrays, kernel_shape: Tu
     kernel_shape: the weight's (K, C, R, S); config: the one the arrays were packed with.
     """
     (sh, sw), (ph, pw) = stride_padding(stride, padding)
-    _check_x(x)
+    check_triton_input(x, "blocks", _DTYPES)
     check_kernel_shape(kernel_shape)
     _check_arrays(x, arrays, config)
     n, c, h, w = x.shape

@@ -47,8 +47,9 @@ import triton.language as tl
 
 from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
-from ..configs import (check_kernel_shape, check_pow2_field, check_residual, config_from_dict, interpreting,
+from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
                        pow2_at_least, stride_padding)
+from .epilogue import store_epilogue
 
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
 VARIANTS = ("chunk", "ell", "csr")
@@ -132,11 +133,7 @@ def _direct_conv_kernel(
         acc += tl.load(bias_ptr + chan, mask=slot_ok, other=0.0).to(tl.float32)[None, None, :]
     y_offs = pix[:, None, None] + (img_in * y_img_stride)[None, :, None] + (chan * PQ)[None, None, :]
     mask = pix_ok[:, None, None] & img_ok[None, :, None] & slot_ok[None, None, :]
-    if HAS_RESIDUAL:
-        acc += tl.load(res_ptr + y_offs, mask=mask, other=0.0).to(tl.float32)
-    if RELU:
-        acc = tl.maximum(acc, 0.0)
-    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
 
 
 @triton.jit
@@ -179,11 +176,7 @@ def _direct_chunk_kernel(
         acc += tl.load(bias_ptr + k).to(tl.float32)
     y_offs = pix[:, None] + (img_in * y_img_stride)[None, :] + k * PQ
     mask = pix_ok[:, None] & img_ok[None, :]
-    if HAS_RESIDUAL:
-        acc += tl.load(res_ptr + y_offs, mask=mask, other=0.0).to(tl.float32)
-    if RELU:
-        acc = tl.maximum(acc, 0.0)
-    tl.store(y_ptr + y_offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
 
 
 
@@ -316,15 +309,6 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> Lis
 
 
 
-def _check_x(x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        raise ValueError(f"x must be a 4-D (N, C, H, W) tensor, got {tuple(getattr(x, 'shape', ()))}")
-    if x.dtype not in _DTYPES:
-        raise TypeError(f"x dtype must be one of {_DTYPES}, got {x.dtype}")
-    if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
-        raise ValueError(f"x is on {x.device}: the direct kernel needs CUDA (or CPU with TRITON_INTERPRET=1)")
-
-
 def check_weight_variant(weight: DirectWeight, config: DirectConfig) -> None:
     """TypeError unless `weight` is the format of config.variant."""
     expected = {"chunk": ChunkedCSRWeight, "ell": UniformELLWeight, "csr": OffsetCSRWeight}[config.variant]
@@ -434,7 +418,7 @@ def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Te
     weight's variant.
     """
     (sh, sw), (ph, pw) = stride_padding(stride, padding)
-    _check_x(x)
+    check_triton_input(x, "direct", _DTYPES)
     if not isinstance(weight, (ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight)):
         raise TypeError(f"weight must be a ChunkedCSRWeight, UniformELLWeight or OffsetCSRWeight, "
                         f"got {type(weight).__name__}")
@@ -459,7 +443,7 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
     torch.library op `sparsecnn::direct_conv2d` binds. kernel_shape: the weight's (K, C, R, S).
     """
     (sh, sw), (ph, pw) = stride_padding(stride, padding)
-    _check_x(x)
+    check_triton_input(x, "direct", _DTYPES)
     check_kernel_shape(kernel_shape)
     kernel_k, kernel_c, kernel_r, kernel_s = kernel_shape
     n, c, h, w = x.shape
