@@ -21,8 +21,13 @@ for stage in "$@"; do
     start=$SECONDS
     case $stage in
     tests)
-        timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -q -m gpu -p no:cacheprovider tests >"$OUT/gpu-tests.log" 2>&1
-        tail -n 30 "$OUT/gpu-tests.log" ;;
+        # kernels first, whole-model tuning last; -v names each test as it starts, and a test running
+        # over 120 s has its stack dumped, so a timeout still says where the time went
+        timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=20 \
+            -o faulthandler_timeout=120 tests/test_direct.py tests/test_blocks.py tests/test_codegen.py \
+            tests/test_codegen_fp16.py tests/test_ops.py tests/test_nn.py tests/test_autotune.py \
+            tests/test_artifact.py >"$OUT/gpu-tests.log" 2>&1
+        grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -n 40 ;;
     codegen)
         python3 scripts/bench_codegen.py --out "$OUT/codegen.jsonl" --budget-s "${CODEGEN_BUDGET_S:-200}" ${CODEGEN_ARGS:-} \
             >"$OUT/codegen.log" 2>&1 || echo "FAILED: bench_codegen"
