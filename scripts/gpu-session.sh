@@ -3,7 +3,7 @@
 # the re-pruning speed study through `blocks`, and the end-to-end model benchmarks. Installs nothing.
 # At most 8 files come back from $OUT, so each stage writes one log and one JSON-lines file.
 # Usage: OUT=out SPARSECNN_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu-session.sh STAGE...
-#   stages: tests codegen reprune models models-quick
+#   stages: tests codegen codegen-r50 profile reprune models
 SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
@@ -32,6 +32,15 @@ for stage in "$@"; do
         python3 scripts/bench_codegen.py --out "$OUT/codegen.jsonl" --budget-s "${CODEGEN_BUDGET_S:-200}" ${CODEGEN_ARGS:-} \
             >"$OUT/codegen.log" 2>&1 || echo "FAILED: bench_codegen"
         tail -n 40 "$OUT/codegen.log" ;;
+    codegen-r50)  # codegen on the DLMC ResNet-50 layers, as far as compile time allows in the limit
+        timeout "${CODEGEN_R50_TIMEOUT_S:-150}" python3 -m sparsecnn.cli bench layers --suite resnet50 --batch 32 \
+            --pattern dlmc-magnitude_pruning --sparsity 0.9 --backends codegen --out "$OUT/codegen-r50.jsonl" \
+            >"$OUT/codegen-r50.log" 2>&1 || echo "codegen-r50: stopped (exit $?)"
+        tail -n 5 "$OUT/codegen-r50.log" ;;
+    profile)  # where ResNet-50 tuning time goes: a cold Triton cache, then a warm one
+        TRITON_CACHE_DIR=$(mktemp -d) timeout "${PROFILE_TIMEOUT_S:-400}" python3 scripts/profile_tuning.py resnet50 \
+            --pattern dlmc-magnitude_pruning --batch 32 >"$OUT/profile.log" 2>&1 || echo "profile: stopped (exit $?)"
+        grep "tuning run" "$OUT/profile.log" ;;
     reprune)
         python3 scripts/reprune_study.py --gpu --quick --seeds 0 --gpu-out "$OUT/reprune.jsonl" \
             >"$OUT/reprune.log" 2>&1 || echo "FAILED: reprune_study"

@@ -48,8 +48,8 @@ def _cmd_bench_layers(args) -> None:
     rows = bench_layers(specs, suite=args.suite, sparsity=args.sparsity,
                         pattern=args.pattern, dtype=args.dtype, backends=_split(args.backends),
                         device=_device(args), seed=args.seed, all_configs=args.all_configs,
-                        timing=dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms))
-    write_jsonl(rows, args.out)
+                        timing=dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms),
+                        on_rows=lambda layer_rows: write_jsonl(layer_rows, args.out))
     print(markdown_table(rows))
     print(f"\n{len(rows)} rows appended to {args.out}")
 

@@ -223,7 +223,8 @@ def bench_layers(specs: Sequence[ConvSpec], *, suite: str, sparsity: float, patt
                  backends: Sequence[str], device: torch.device | str, seed: int = 0,
                  run_id: Optional[str] = None, ceilings: Optional[Dict[str, float]] = None,
                  baselines: bool = True, progress: bool = True, timing: Optional[Dict[str, Any]] = None,
-                 all_configs: bool = False) -> List[Dict[str, Any]]:
+                 all_configs: bool = False,
+                 on_rows: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
     """Benchmark every layer of `specs`; returns results rows (see `schema`), kind "layer", mode "eager".
 
     suite: label recorded in the rows. sparsity: fraction of zero weights in [0, 1). pattern: "random"
@@ -232,6 +233,8 @@ def bench_layers(specs: Sequence[ConvSpec], *, suite: str, sparsity: float, patt
     timing: keyword arguments for `autotune.benchmark` (warmup_ms, rep_ms, min_rep, flush_l2).
     ceilings: `roofline.measure_ceilings(device)` (measured when None). A backend that does not
     support a layer, or runs out of memory, is skipped with a printed note and gives no row.
+    on_rows: called with each layer's rows as soon as they are measured (so a run cut short by a
+    time limit still leaves the rows of the layers it finished).
     """
     torch_dtype(dtype)
     chosen = [get_backend(name) for name in backends]
@@ -242,6 +245,9 @@ def bench_layers(specs: Sequence[ConvSpec], *, suite: str, sparsity: float, patt
     run = _Run(base, pattern, dtype, device, seed, dict(timing or {}), ceilings, all_configs, tqdm.write)
     rows: List[Dict[str, Any]] = []
     for index, spec in enumerate(tqdm(specs, desc=f"{suite} {dtype}", unit="layer", disable=not progress)):
-        rows.extend(_bench_one(spec, spec.name or f"layer{index}", sparsity, chosen, baselines, run))
+        layer_rows = _bench_one(spec, spec.name or f"layer{index}", sparsity, chosen, baselines, run)
+        if on_rows is not None:
+            on_rows(layer_rows)
+        rows.extend(layer_rows)
         free_memory(device)
     return rows
