@@ -15,7 +15,7 @@ from torch import nn
 from conftest import sparse_weight
 from sparsecnn import SparseConv2d, sparsify_
 from sparsecnn.autotune import (POLICIES, Candidate, LayerResult, TuneCache, TuneReport, candidates_for,
-                                layer_key, tune_layer)
+                                layer_key, pick_fastest, tune_layer)
 from sparsecnn.autotune.cache import CachedDecision
 from sparsecnn.autotune.precision import uses_tf32
 from sparsecnn.kernels.reference import relative_error
@@ -120,6 +120,35 @@ def test_a_candidate_that_errors_is_dropped(tmp_path):
     assert timer.measured == ["dense", "im2col-cusparse"]
     assert result.dropped["im2col-cublas"].startswith("error: RuntimeError: this GPU refuses")
     assert result.backend == "im2col-cusparse" and set(result.times_ms) == {"dense", "im2col-cusparse"}
+
+
+def test_only_the_fastest_probed_sparse_candidates_are_benchmarked():
+    x, weight, bias, spec = _layer()
+    timer = FakeTimer(probe_ms={"dense": 3.0, "im2col-cublas": 2.0, "im2col-cusparse": 1.0},
+                      measure_ms={"dense": 3.0, "im2col-cusparse": 1.5})
+    selection = pick_fastest(x, weight, bias, spec, CPU_CANDIDATES, timer, measure_top=1)
+    assert timer.measured == ["dense", "im2col-cusparse"]
+    assert "not among the 1 fastest sparse candidates" in selection.dropped["im2col-cublas"]
+    assert selection.best == Candidate("im2col-cusparse") and selection.best_ms == 1.5
+    with pytest.raises(ValueError, match="measure_top must be >= 1"):
+        pick_fastest(x, weight, bias, spec, CPU_CANDIDATES, timer, measure_top=0)
+
+
+def test_first_calls_run_before_any_timing():
+    calls = []
+    x, weight, bias, spec = _layer()
+
+    class RecordingTimer(FakeTimer):
+        def probe(self, candidate, fn):
+            calls.append(("probe", candidate.backend))
+            return super().probe(candidate, fn)
+
+    candidates = [Candidate("dense"), Candidate("im2col-cublas")]
+    original = torch.nn.functional.conv2d
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "conv2d", lambda *a, **k: calls.append("conv") or original(*a, **k))
+        pick_fastest(x, weight, bias, spec, candidates, RecordingTimer())
+    assert calls.index(("probe", "dense")) > calls.index("conv")
 
 
 def test_no_candidate_running_is_a_clear_error():

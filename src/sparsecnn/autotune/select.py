@@ -1,6 +1,7 @@
 """Pick the fastest of several ways to run one layer, by measurement, dropping hopeless ones early."""
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
@@ -16,6 +17,13 @@ from .timing import benchmark, time_one_call
 DENSE_BACKENDS = ("dense", "dense-tf32", "dense-channels-last")
 BASELINE = "dense"
 DEFAULT_DROP_RATIO = 10.0
+# Candidates beyond the dense ones that get a full benchmark: the fastest by their one timed run.
+# A probe ranks configs well enough to keep the winner among the first few, and full benchmarks
+# were most of a model's tuning time once kernels are compiled.
+DEFAULT_MEASURE_TOP = 4
+# First calls run this many at a time on CUDA: they compile kernels, and Triton's compiler and
+# ptxas release the GIL, so compiling a layer's configs in threads overlaps them.
+_FIRST_CALL_THREADS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,33 +129,84 @@ def _error_text(error: Exception) -> str:
     return f"error: {type(error).__name__}: {first_line[:200]}"
 
 
+def _first_calls(runners: Dict[Candidate, Callable[[], torch.Tensor]], device: torch.device,
+                 dropped: Dict[str, str]) -> None:
+    """Call each runner once (compiling its kernels), dropping those that raise; several at a time on
+    CUDA once one call has initialised the compiler, one by one elsewhere (Triton's CPU interpreter
+    is not thread-safe)."""
+    pending = list(runners)
+    threads = _FIRST_CALL_THREADS if device.type == "cuda" else 1
+    errors: Dict[Candidate, Exception] = {}
+
+    def call(candidate: Candidate) -> None:
+        try:  # any failure (a config the hardware refuses, a compile error) drops the candidate
+            runners[candidate]()
+        except Exception as error:  # noqa: BLE001
+            errors[candidate] = error
+
+    if threads > 1 and len(pending) > 1:
+        call(pending.pop(0))
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(call, pending))
+        torch.cuda.synchronize(device)
+    else:
+        for candidate in pending:
+            call(candidate)
+    for candidate, error in errors.items():
+        dropped[candidate.label()] = _error_text(error)
+        runners.pop(candidate)
+
+
+def _to_measure(probes: Dict[Candidate, float], drop_ratio: float, measure_top: int,
+                dropped: Dict[str, str]) -> List[Candidate]:
+    """The probed candidates worth a full benchmark: every dense one (the baseline always) and the
+    `measure_top` fastest others, none over `drop_ratio` x the fastest probe."""
+    fastest = min((ms for ms in probes.values() if not math.isnan(ms)), default=math.inf)
+    kept: List[Candidate] = []
+    for candidate, probe_ms in probes.items():
+        if candidate.backend != BASELINE and not probe_ms <= drop_ratio * fastest:
+            dropped[candidate.label()] = (f"one run took {probe_ms:.4g} ms, over {drop_ratio:g}x the fastest "
+                                          f"({fastest:.4g} ms)")
+        else:
+            kept.append(candidate)
+    others = sorted((c for c in kept if c.backend not in DENSE_BACKENDS), key=probes.__getitem__)
+    for candidate in others[measure_top:]:
+        dropped[candidate.label()] = (f"one run took {probes[candidate]:.4g} ms, not among the "
+                                      f"{measure_top} fastest sparse candidates")
+    return [c for c in kept if c.backend in DENSE_BACKENDS or c in others[:measure_top]]
+
+
 def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], spec: ConvSpec,
                  candidates: List[Candidate], timer: Timer, drop_ratio: float = DEFAULT_DROP_RATIO,
-                 relu: bool = False, residual: Optional[torch.Tensor] = None) -> Selection:
+                 relu: bool = False, residual: Optional[torch.Tensor] = None,
+                 measure_top: int = DEFAULT_MEASURE_TOP) -> Selection:
     """Time each candidate on input `x` (N, C, H, W) and weight (K, C // groups, R, S).
 
-    Each is first run once untimed and once timed (`timer.probe`); one that raises, or whose one
-    run is over `drop_ratio` x the fastest one run, is dropped; the rest (and always the `dense`
-    baseline) are fully benchmarked (`timer.measure`). relu / residual (None or the output's shape):
-    the fused epilogue every candidate computes. Raises RuntimeError when no candidate runs.
+    Each is first run once untimed (all first calls before any timing, several at a time on CUDA,
+    as they compile), then once timed (`timer.probe`); one that raises, or whose one run is over
+    `drop_ratio` x the fastest one run, is dropped. Fully benchmarked (`timer.measure`): the dense
+    candidates (always the `dense` baseline) and the `measure_top` fastest others by their probe.
+    relu / residual (None or the output's shape): the fused epilogue every candidate computes.
+    Raises RuntimeError when no candidate runs.
     """
+    if measure_top < 1:
+        raise ValueError(f"measure_top must be >= 1, got {measure_top}")
     runners: Dict[Candidate, Callable[[], torch.Tensor]] = {}
-    probes: Dict[Candidate, float] = {}
     dropped: Dict[str, str] = {}
     for candidate in candidates:
-        try:  # any failure (a config the hardware refuses, a compile error) drops the candidate
+        try:  # packing can refuse a weight (e.g. a format's size limit)
             runners[candidate] = _runner(candidate, x, weight, bias, spec, relu, residual)
-            probes[candidate] = timer.probe(candidate, runners[candidate])
         except Exception as error:  # noqa: BLE001
             dropped[candidate.label()] = _error_text(error)
-            runners.pop(candidate, None)
-    fastest_probe = min((ms for ms in probes.values() if not math.isnan(ms)), default=math.inf)
+    _first_calls(runners, x.device, dropped)
+    probes: Dict[Candidate, float] = {}
+    for candidate, runner in runners.items():
+        try:
+            probes[candidate] = timer.probe(candidate, runner)
+        except Exception as error:  # noqa: BLE001
+            dropped[candidate.label()] = _error_text(error)
     times: Dict[str, float] = {}
-    for candidate, probe_ms in probes.items():
-        if candidate.backend != BASELINE and not probe_ms <= drop_ratio * fastest_probe:
-            dropped[candidate.label()] = (f"one run took {probe_ms:.4g} ms, over {drop_ratio:g}x the fastest "
-                                          f"({fastest_probe:.4g} ms)")
-            continue
+    for candidate in _to_measure(probes, drop_ratio, measure_top, dropped):
         try:
             times[candidate.label()] = timer.measure(candidate, runners[candidate])
         except Exception as error:  # noqa: BLE001
