@@ -131,11 +131,9 @@ def _error_text(error: Exception) -> str:
 
 def _first_calls(runners: Dict[Candidate, Callable[[], torch.Tensor]], device: torch.device,
                  dropped: Dict[str, str]) -> None:
-    """Call each runner once (compiling its kernels), dropping those that raise; several at a time on
-    CUDA once one call has initialised the compiler, one by one elsewhere (Triton's CPU interpreter
-    is not thread-safe)."""
-    pending = list(runners)
-    threads = _FIRST_CALL_THREADS if device.type == "cuda" else 1
+    """Call each runner once (compiling its kernels), dropping those that raise. On CUDA, one
+    candidate per backend first (lazy initialisations stay single-threaded), then the rest several
+    at a time; elsewhere one by one (Triton's CPU interpreter is not thread-safe)."""
     errors: Dict[Candidate, Exception] = {}
 
     def call(candidate: Candidate) -> None:
@@ -144,14 +142,16 @@ def _first_calls(runners: Dict[Candidate, Callable[[], torch.Tensor]], device: t
         except Exception as error:  # noqa: BLE001
             errors[candidate] = error
 
-    if threads > 1 and len(pending) > 1:
-        call(pending.pop(0))
-        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(call, pending))
+    first_per_backend: Dict[str, Candidate] = {}
+    for candidate in runners:
+        first_per_backend.setdefault(candidate.backend, candidate)
+    for candidate in (first_per_backend.values() if device.type == "cuda" else runners):
+        call(candidate)
+    if device.type == "cuda":
+        rest = [candidate for candidate in runners if candidate not in first_per_backend.values()]
+        with concurrent.futures.ThreadPoolExecutor(_FIRST_CALL_THREADS) as pool:
+            list(pool.map(call, rest))
         torch.cuda.synchronize(device)
-    else:
-        for candidate in pending:
-            call(candidate)
     for candidate, error in errors.items():
         dropped[candidate.label()] = _error_text(error)
         runners.pop(candidate)
