@@ -118,7 +118,7 @@ def build_jobs(args) -> List[Job]:
                          for mode in args.modes]
             if "fp16" in args.dtypes:
                 jobs += [Job("main", spec, MAIN_SPARSITY, config, True, "fp16") for config in fp16_configs(spec, args)]
-    if "fp32" not in args.dtypes:
+    if "fp32" not in args.dtypes or args.main_only:
         return jobs
     table3 = [s for s in layers[64] if s.name in TABLE3_LAYERS]
     sparsities = TABLE3_SPARSITY[::4] if args.quick else TABLE3_SPARSITY
@@ -445,6 +445,7 @@ def parse_args(argv=None):
     parser.add_argument("--half-terms", nargs="+", type=int, default=[codegen.CodegenConfig().half_terms],
                         help="half2 variants: non-zero terms per half2 partial (0: the whole sum in half2)")
     parser.add_argument("--no-im2col", action="store_true", help="skip the im2col baselines")
+    parser.add_argument("--main-only", action="store_true", help="skip tables 3 and 4 (their compiles too)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiles")
     parser.add_argument("--cache", default=None, help="codegen cache directory (default: a fresh temporary one)")
     parser.add_argument("--max-compile-s", type=float, default=30.0)

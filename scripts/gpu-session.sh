@@ -3,7 +3,7 @@
 # the re-pruning speed study through `blocks`, and the end-to-end model benchmarks. Installs nothing.
 # At most 8 files come back from $OUT, so each stage writes one log and one JSON-lines file.
 # Usage: OUT=out SPARSECNN_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu-session.sh STAGE...
-#   stages: tests codegen codegen-r50 profile reprune models
+#   stages: tests tests-tune codegen codegen-r50 profile reprune models models-more
 SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
@@ -17,7 +17,9 @@ model() {  # model NAME BATCH DTYPE [extra bench-model flags]
 
 for stage in "$@"; do
     [ "$stage" = models ] && { timeout "${MODELS_TIMEOUT_S:-900}" bash "$SELF" models-untimed; echo "stage models done"; continue; }
+    [ "$stage" = models-more ] && { timeout "${MODELS_TIMEOUT_S:-900}" bash "$SELF" models-more-untimed; echo "stage models-more done"; continue; }
     [ "$stage" = models-untimed ] && stage=models
+    [ "$stage" = models-more-untimed ] && stage=models-more-list
     start=$SECONDS
     case $stage in
     tests)
@@ -39,7 +41,7 @@ for stage in "$@"; do
         tail -n 5 "$OUT/codegen-r50.log" ;;
     profile)  # where ResNet-50 tuning time goes: a cold Triton cache, then a warm one
         TRITON_CACHE_DIR=$(mktemp -d) timeout "${PROFILE_TIMEOUT_S:-400}" python3 scripts/profile_tuning.py resnet50 \
-            --pattern dlmc-magnitude_pruning --batch 32 >"$OUT/profile.log" 2>&1 || echo "profile: stopped (exit $?)"
+            --pattern dlmc-magnitude_pruning --batch 32 --runs "${PROFILE_RUNS:-2}" >"$OUT/profile.log" 2>&1 || echo "profile: stopped (exit $?)"
         grep "tuning run" "$OUT/profile.log" ;;
     reprune)
         python3 scripts/reprune_study.py --gpu --quick --seeds 0 --gpu-out "$OUT/reprune.jsonl" \
@@ -52,6 +54,18 @@ for stage in "$@"; do
         model resnet50 32 fp16 --pattern dlmc-magnitude_pruning --sparsity 0.9
         model alexnet-cifar 32 fp32
         model resnet50 32 fp32 --pattern dlmc-magnitude_pruning --sparsity 0.95 ;;
+    models-more-list)  # the other models and batch sizes of the e2e issue, most wanted first
+        model resnet50 32 fp32 --pattern dlmc-magnitude_pruning --sparsity 0.95
+        model alexnet-cifar 32 fp32 --modes eager,cudagraph,compile --compile-mode reduce-overhead
+        model resnet18-cifar 128 fp32
+        model resnet18-cifar 1 fp32
+        model vgg16 32 fp32
+        model alexnet-cifar 32 fp16
+        model googlenet 32 fp32 ;;
+    tests-tune)  # the GPU tests of whole-model tuning and artefacts only
+        timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
+            tests/test_autotune.py tests/test_artifact.py >"$OUT/gpu-tests.log" 2>&1
+        grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -n 20 ;;
     *) echo "unknown stage $stage" ;;
     esac
     echo "stage $stage: $((SECONDS - start)) s"
