@@ -299,6 +299,19 @@ def test_emit_mode_compiles_only_the_nonzero_terms(cache):
 
 
 @needs_tools
+def test_a_template_the_rewrite_refuses_is_compiled_in_emit_mode(cache, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise codegen.RewriteError("register %f9 is redefined while forwarded to (PTX not in SSA form)")
+
+    monkeypatch.setattr(codegen, "rewrite_ptx", refuse)
+    weight = sparse(SMALL.weight_shape, 0.5, seed=3)
+    compiled = codegen.compile_conv(weight, SMALL, SMALL_CONFIG, cache=cache)
+    assert SMALL_CONFIG.mode == "rewrite" and compiled.report.mode == "emit"
+    assert "not in SSA form" in compiled.report.fallback
+    assert compiled.report.fmas_kept == np.count_nonzero(weight)
+
+
+@needs_tools
 def test_slices_share_one_template(cache):
     spec = ConvSpec(1, 3, 20, 9, 9, 3, 3, 1, 1)
     config = codegen.CodegenConfig(bh=1, bk=4, tx=8, ty=4)

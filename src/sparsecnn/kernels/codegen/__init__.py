@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import logging
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ from .ptx_rewrite import RewriteError, RewriteStats, placeholder_sites, rewrite_
 from .template import KERNEL_NAME
 from .toolchain import DiskCache, ToolchainError
 
+_LOG = logging.getLogger(__name__)
 __all__ = ["CodegenConfig", "CompileReport", "CompiledConv", "KernelPlan", "RewriteError", "RewriteStats",
            "Template", "ToolchainError", "candidate_configs", "compile_conv", "compile_template", "default_config",
            "kernel_source", "make_plan", "placeholders", "prepare_weight", "slot_weights"]
@@ -86,6 +88,7 @@ class CompileReport:
     spill_loads: int = 0
     smem_bytes: int = 0
     cache_hits: int = 0
+    fallback: str = ""  # why a rewrite-mode config was compiled in emit mode instead
 
 
 @dataclasses.dataclass
@@ -136,10 +139,26 @@ def compile_conv(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None,
     float16 it is rounded to half (a weight that rounds to 0 is pruned with the zeros); spec: the
     layer (its N is not compiled in: the kernels run any batch); config: None for the first of
     `candidate_configs(spec, dtype)`; relu: fuse max(y, 0); has_bias: the kernels read a bias (of
-    `dtype`); jobs: parallel slice compiles (0: one per CPU).
+    `dtype`); jobs: parallel slice compiles (0: one per CPU). A rewrite-mode layer whose template
+    the rewrite cannot handle soundly (RewriteError, e.g. nvcc left a loop in a very large kernel,
+    so the PTX is not in SSA form) is compiled in emit mode instead; `report.fallback` says why.
     """
+    args = (spec, relu, has_bias, max_kernel_fmas, jobs, cache or DiskCache(), dtype)
+    try:
+        return _compile_conv(weight, config, *args)
+    except RewriteError as error:
+        config = prepare_weight(weight, spec, config, relu, has_bias, max_kernel_fmas, dtype)[1].config
+        if config.mode != "rewrite":
+            raise
+        compiled = _compile_conv(weight, dataclasses.replace(config, mode="emit"), *args)
+        compiled.report.fallback = f"rewrite refused ({error}); compiled in emit mode"
+        _LOG.warning("codegen %s: %s", spec.name or spec, compiled.report.fallback)
+        return compiled
+
+
+def _compile_conv(weight, config: Optional[CodegenConfig], spec: ConvSpec, relu: bool, has_bias: bool,
+                  max_kernel_fmas: int, jobs: int, cache: DiskCache, dtype) -> "CompiledConv":
     start = time.perf_counter()
-    cache = cache or DiskCache()
     weight, plan = prepare_weight(weight, spec, config, relu, has_bias, max_kernel_fmas, dtype)
     config = plan.config
     slices = _weight_slices(weight, plan)
