@@ -122,11 +122,12 @@ def _dense_tf32_bind(weight: torch.Tensor, spec: ConvSpec, config, dtype: torch.
 def _dense_channels_last_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                               residual: Optional[torch.Tensor], stride: List[int], padding: List[int],
                               dilation: List[int], groups: int, relu: bool) -> torch.Tensor:
-    """F.conv2d in NHWC (weight packed channels_last), the output returned in the input's layout so
-    the layer drops in anywhere (an NCHW neighbour pays no hidden conversion)."""
-    layout = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    """F.conv2d in NHWC (weight packed channels_last); the output stays channels_last, so that the
+    next dense layers run in NHWC too (cuDNN follows the input's layout) and a model converts once,
+    not at every layer. A Triton kernel after it reads NHWC through its input copy (padded layers
+    make that copy anyway); the autotuner times each layer on the layout it really receives."""
     y = F.conv2d(x.contiguous(memory_format=torch.channels_last), weight, bias, stride, padding, dilation, groups)
-    return apply_epilogue_(y.contiguous(memory_format=layout), relu, residual)
+    return apply_epilogue_(y, relu, residual)
 
 
 def _dense_channels_last_bind(weight: torch.Tensor, spec: ConvSpec, config, dtype: torch.dtype,
@@ -144,8 +145,8 @@ DENSE_TF32 = register_backend(Backend(
 
 DENSE_CHANNELS_LAST = register_backend(Backend(
     name="dense-channels-last",
-    description="F.conv2d in channels_last (NHWC: cuDNN's tensor-core layout for fp16/bf16), output in the "
-                "input's layout",
+    description="F.conv2d in channels_last (NHWC: cuDNN's tensor-core layout for fp16/bf16), output "
+                "channels_last",
     dtypes={"cuda": (torch.float16, torch.bfloat16)},
     prepare=lambda weight, config: weight.contiguous(memory_format=torch.channels_last),
     bind=_dense_channels_last_bind,
