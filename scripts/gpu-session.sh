@@ -3,7 +3,7 @@
 # the re-pruning speed study through `blocks`, and the end-to-end model benchmarks. Installs nothing.
 # At most 8 files come back from $OUT, so each stage writes one log and one JSON-lines file.
 # Usage: OUT=out SPARSECNN_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu-session.sh STAGE...
-#   stages: tests tests-tune codegen codegen-r50 profile reprune models models-more
+#   stages: model (MODEL_ARGS) tests tests-tune codegen codegen-r50 profile reprune models models-more
 SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
@@ -62,6 +62,8 @@ for stage in "$@"; do
         model vgg16 32 fp32
         model alexnet-cifar 32 fp16
         model googlenet 32 fp32 ;;
+    model)  # one model run: MODEL_ARGS="NAME BATCH DTYPE [bench-model flags]"
+        model ${MODEL_ARGS:?set MODEL_ARGS} ;;
     tests-tune)  # the GPU tests of whole-model tuning and artefacts only
         timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
             tests/test_autotune.py tests/test_artifact.py >"$OUT/gpu-tests.log" 2>&1
