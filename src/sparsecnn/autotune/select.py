@@ -216,3 +216,17 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         raise RuntimeError(f"no candidate ran for {spec}: " + "; ".join(f"{k}: {v}" for k, v in dropped.items()))
     best = min(times, key=times.get)
     return Selection(by_label[best], times, dropped)
+
+
+def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionPolicy, device_type: str,
+                        backends: Optional[List[str]] = None) -> None:
+    """Call `Backend.prefetch(weight, policy.dtype)` of each backend `candidates_for` would offer.
+
+    spec: the layer at any input size (prefetching happens before the inputs reach it); weight:
+    the masked (K, C // groups, R, S) weight, bit-identical to the one tuning will prepare, so
+    backends can recognise it by content.
+    """
+    for name in dict.fromkeys(candidate.backend for candidate in candidates_for(spec, policy, device_type, backends)):
+        prefetch = get_backend(name).prefetch
+        if prefetch is not None:
+            prefetch(weight, policy.dtype)

@@ -19,8 +19,10 @@ from tqdm.auto import tqdm
 
 from ..autotune import (DEFAULT_DROP_RATIO, MeasuringTimer, PrecisionPolicy, Timer, TuneCache, TuneReport,
                         candidates_for, environment_fingerprint, resolve_policy, tf32_flags, tune_layer)
+from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
 from ..kernels.reference import relative_error
+from ..layers import ConvSpec
 from .sparse_conv import SparseConv2d
 
 FilterFn = Callable[[str, nn.Module], bool]
@@ -42,13 +44,19 @@ def _as_tuple(example_inputs) -> tuple:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
-def _apply_mask_(layer: SparseConv2d, name: str, mask: Optional[torch.Tensor]) -> None:
+def _checked_mask(layer: SparseConv2d, name: str, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """`mask` (None: the layer's own) after checking it fits the layer."""
     if mask is None:
-        return
+        return layer.mask
     if mask.shape != layer.mask.shape or mask.dtype != torch.bool:
         raise ValueError(f"masks[{name!r}] must be bool with shape {tuple(layer.mask.shape)}, "
                          f"got {mask.dtype} {tuple(mask.shape)}")
-    layer.mask.copy_(mask)
+    return mask
+
+
+def _apply_mask_(layer: SparseConv2d, name: str, mask: Optional[torch.Tensor]) -> None:
+    if mask is not None:
+        layer.mask.copy_(_checked_mask(layer, name, mask))
 
 
 def _sparse_layer(name: str, module: nn.Module, backend: str, mask: Optional[torch.Tensor]) -> SparseConv2d:
@@ -152,6 +160,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
         for name, layer in layers.items():
             if layer is not originals[name]:
                 _replace(model, name, layer)
+        _prefetch(layers, masks or {}, policy, device.type, backends)
         tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio,
                               tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show))
         output = tuning.run(model, _cast(inputs, policy.dtype))
@@ -162,6 +171,26 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     _log_notes(tuning.results.values())
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory))
+
+
+def _prefetch(layers: Dict[str, SparseConv2d], masks: Dict[str, torch.Tensor], policy: PrecisionPolicy,
+              device_type: str, backends: Optional[List[str]]) -> None:
+    """Let the candidate backends start preparing each layer's weight, in model order, so that work
+    for later layers overlaps the timing of earlier ones. The weight is the one `_LayerTuning._tune`
+    will hand them, bit for bit; the layers themselves are left as they are until tuned."""
+    for name, layer in layers.items():
+        weight = (layer.weight.detach() * _checked_mask(layer, name, masks.get(name))).to(policy.dtype)
+        weight = (weight.unsqueeze(2) if layer.conv_dims == 1 else weight).contiguous()
+        prefetch_candidates(_stand_in_spec(layer, weight), weight, policy, device_type, backends)
+
+
+def _stand_in_spec(layer: SparseConv2d, weight: torch.Tensor) -> ConvSpec:
+    """The layer's 2-D `ConvSpec` on a 1 x C input of its (dilated) kernel's extent: all but the
+    input size, which is known only once the input reaches the layer. weight: (K, C // groups, R, S)."""
+    k, _, r, s = weight.shape
+    (dh, dw) = layer.dilation
+    return ConvSpec(1, layer.in_channels, k, dh * (r - 1) + 1, dw * (s - 1) + 1, r, s, layer.stride, layer.padding,
+                    layer.dilation, layer.groups)
 
 
 class _LayerTuning:
