@@ -2,7 +2,9 @@
 # One device call for the open issues: the `gpu`-marked tests, the codegen tables (fp32 and fp16),
 # the re-pruning speed study through `blocks`, and the end-to-end model benchmarks. Installs nothing.
 # At most 8 files come back from $OUT, so each stage writes one log and one JSON-lines file.
-# Usage: OUT=out SPARSECNN_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu-session.sh STAGE...
+# Usage: OUT=out SPARSECNN_COMMIT=<hash> bash scripts/gpu-session.sh STAGE...
+#   <hash>: the commit as `git rev-parse --short HEAD` prints it on the machine that sent the tree,
+#   written literally into the command (the device's copy of .git can be stale).
 #   stages: model (MODEL_ARGS) tests tests-tune codegen codegen-r50 profile reprune models models-more
 SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"

@@ -178,3 +178,12 @@ def test_plots_and_report(layer_rows, tmp_path):
     page = render_report(layer_rows, tmp_path / "report.md", tmp_path / "plots")
     text = page.read_text()
     assert "![" in text and (tmp_path / "plots" / "speedups.png").exists()
+
+
+def test_commit_from_the_environment_wins_over_the_checkout(monkeypatch):
+    from sparsecnn.bench.env import COMMIT_ENV_VAR, git_commit
+
+    monkeypatch.setenv(COMMIT_ENV_VAR, "abc1234")
+    assert git_commit() == "abc1234"
+    monkeypatch.delenv(COMMIT_ENV_VAR)
+    assert git_commit() != "abc1234"

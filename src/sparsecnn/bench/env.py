@@ -35,9 +35,12 @@ def _command_output(args, cwd: Optional[Path] = None) -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def git_commit() -> str:
-    """Short commit of the git checkout holding this package, else $SPARSECNN_COMMIT, else "unknown"."""
+    """$SPARSECNN_COMMIT when set (a copied tree's own git data can be stale), else the short commit
+    of the git checkout holding this package, else "unknown"."""
+    if os.environ.get(COMMIT_ENV_VAR):
+        return os.environ[COMMIT_ENV_VAR]
     commit = _command_output(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent)
-    return commit or os.environ.get(COMMIT_ENV_VAR) or "unknown"
+    return commit or "unknown"
 
 
 @functools.lru_cache(maxsize=None)
