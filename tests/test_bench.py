@@ -184,6 +184,8 @@ def test_commit_from_the_environment_wins_over_the_checkout(monkeypatch):
     from sparsecnn.bench.env import COMMIT_ENV_VAR, git_commit
 
     monkeypatch.setenv(COMMIT_ENV_VAR, "abc1234")
+    git_commit.cache_clear()
     assert git_commit() == "abc1234"
     monkeypatch.delenv(COMMIT_ENV_VAR)
+    git_commit.cache_clear()
     assert git_commit() != "abc1234"
