@@ -56,13 +56,13 @@ for stage in "$@"; do
         model resnet50 32 fp16 --pattern dlmc-magnitude_pruning --sparsity 0.9
         model alexnet-cifar 32 fp32
         model resnet50 32 fp32 --pattern dlmc-magnitude_pruning --sparsity 0.95 ;;
-    models-more-list)  # the other models and batch sizes of the e2e issue, most wanted first
+    models-more-list)  # the other models, batch sizes and precisions of the e2e issue, most wanted first
+        model resnet50 32 fp16 --pattern dlmc-magnitude_pruning --sparsity 0.9
         model resnet50 32 fp32 --pattern dlmc-magnitude_pruning --sparsity 0.95
-        model alexnet-cifar 32 fp32 --modes eager,cudagraph,compile --compile-mode reduce-overhead
         model resnet18-cifar 128 fp32
         model resnet18-cifar 1 fp32
+        model alexnet-cifar 32 fp32
         model vgg16 32 fp32
-        model alexnet-cifar 32 fp16
         model googlenet 32 fp32 ;;
     model)  # one model run: MODEL_ARGS="NAME BATCH DTYPE [bench-model flags]"
         model ${MODEL_ARGS:?set MODEL_ARGS} ;;
