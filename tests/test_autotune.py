@@ -280,6 +280,23 @@ def test_autotune_model_reuses_the_cache_and_reports_the_error(tmp_path):
     assert second_timer.probed == [] and [layer.cache for layer in again.layers] == ["hit", "hit"]
 
 
+@pytest.mark.parametrize("model_ms, kept", [({"model:tuned": 3.0, "model:dense": 4.0}, "tuned"),
+                                             ({"model:tuned": 5.0, "model:dense": 4.0}, "dense")])
+def test_the_whole_model_is_never_slower_than_dense(tmp_path, caplog, model_ms, kept):
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    ref = model(x)
+    timer = FakeTimer(measure_ms={"dense": 2.0, "im2col-cublas": 1.0, "im2col-cusparse": 3.0, **model_ms})
+    report = autotune_model(model, x, cache_dir=tmp_path, timer=timer, progress=False)
+    check = report.model_check
+    assert timer.measured[-2:] == ["model:tuned", "model:dense"]
+    assert (check.kept, check.dense_backend, check.tuned_ms, check.dense_ms) == (kept, "dense", *model_ms.values())
+    assert [layer.backend for layer in report.layers] == ["im2col-cublas", "im2col-cublas"]
+    running = "im2col-cublas" if kept == "tuned" else "dense"
+    assert model[0].backend == running and model[2].backend == running
+    assert relative_error(model(x), ref) < 1e-6 and "whole model:" in report.format()
+    assert ("every tuned layer now runs dense" in caplog.text) == (kept == "dense")
+
+
 def test_autotune_model_says_why_it_retunes(tmp_path, monkeypatch, caplog):
     import sparsecnn.nn.sparsify as sparsify_module
 

@@ -40,16 +40,36 @@ def _shape(spec: ConvSpec) -> str:
 
 
 @dataclasses.dataclass
+class ModelCheck:
+    """The whole model timed twice after tuning (median ms, GPU work only on CUDA): with the tuned
+    layers and with every tuned layer on `dense_backend`; `kept`: "tuned" or "dense", the faster."""
+
+    tuned_ms: float
+    dense_ms: float
+    dense_backend: str
+    kept: str
+
+    def format(self) -> str:
+        verdict = ("kept the tuned layers" if self.kept == "tuned"
+                   else f"every tuned layer now runs {self.dense_backend}")
+        return (f"whole model: {self.tuned_ms:.4f} ms tuned, {self.dense_ms:.4f} ms with every layer on "
+                f"{self.dense_backend}: {verdict}")
+
+
+@dataclasses.dataclass
 class TuneReport:
     """The decisions for a model: one `LayerResult` per tuned conv (in call order), the precision
     policy name, the max relative error of the tuned model's outputs against the original model's
-    (None when not checked), the conv layers the example input never reached, and the cache dir."""
+    (None when not checked), the conv layers the example input never reached, the cache dir, and
+    the whole-model check against dense (None when not run). The layer results are the per-layer
+    decisions; when the check kept dense, the layers run `model_check.dense_backend` instead."""
 
     layers: List[LayerResult]
     policy: str
     max_rel_error: Optional[float] = None
     unreached: List[str] = dataclasses.field(default_factory=list)
     cache_dir: Optional[str] = None
+    model_check: Optional[ModelCheck] = None
 
     @property
     def total_ms(self) -> float:
@@ -76,6 +96,8 @@ class TuneReport:
                      f"dense, {speedup:.2f}x")
         if self.max_rel_error is not None:
             lines.append(f"max relative error of the outputs vs the original model: {self.max_rel_error:.2e}")
+        if self.model_check is not None:
+            lines.append(self.model_check.format())
         if self.unreached:
             lines.append(f"not reached by the example inputs (left as they were): {', '.join(self.unreached)}")
         return "\n".join(lines)

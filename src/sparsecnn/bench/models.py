@@ -11,6 +11,7 @@ model run in float64 on the same input.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 import zlib
@@ -118,7 +119,8 @@ def _runner(model: nn.Module, x: torch.Tensor, mode: str,
 def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     """The sparse row's `config`: {"layers": {module path: {"backend", "config", "ms", "dense_ms"}},
     "tune_s": seconds spent in `sparsify_`, "conv_ms" / "dense_conv_ms": the tuned convs' summed
-    times and the same convs run densely (per-layer medians from tuning; null when not tuned)}."""
+    times and the same convs run densely (per-layer medians from tuning; null when not tuned),
+    "model_check": the whole-model check against dense (`autotune.ModelCheck` as a dict, or null)}."""
     report = getattr(model, "sparsecnn_report", None)
     timed = {} if report is None else {layer.name: layer for layer in report.layers}
     layers = {}
@@ -128,7 +130,8 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
             layers[name] = {"backend": module.backend, "config": config_to_dict(module.config),
                             "ms": None if result is None else result.time_ms,
                             "dense_ms": None if result is None else result.dense_ms}
-    return {"layers": layers, "tune_s": round(tune_s, 3),
+    check = None if report is None or report.model_check is None else dataclasses.asdict(report.model_check)
+    return {"layers": layers, "tune_s": round(tune_s, 3), "model_check": check,
             "conv_ms": sum(layer.time_ms for layer in timed.values()) if timed else None,
             "dense_conv_ms": sum(layer.dense_ms for layer in timed.values()) if timed else None}
 

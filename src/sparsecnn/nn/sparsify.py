@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..autotune import (DEFAULT_DROP_RATIO, MeasuringTimer, PrecisionPolicy, Timer, TuneCache, TuneReport,
-                        candidates_for, environment_fingerprint, resolve_policy, tf32_flags, tune_layer)
+from ..autotune import (DEFAULT_DROP_RATIO, Candidate, MeasuringTimer, ModelCheck, PrecisionPolicy, Timer, TuneCache,
+                        TuneReport, candidates_for, environment_fingerprint, resolve_policy, tf32_flags, tune_layer)
 from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
 from ..kernels.reference import relative_error
@@ -169,8 +169,40 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
         if layers[name] is not originals[name]:
             _replace(model, name, originals[name])
     _log_notes(tuning.results.values())
+    tuned = {name: layers[name] for name in tuning.results}
+    with torch.no_grad(), tf32_flags(False):
+        check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, policy, device.type, timer)
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
-                      str(cache.directory))
+                      str(cache.directory), check)
+
+
+def _dense_backend(policy: PrecisionPolicy, device_type: str) -> str:
+    """The dense backend a whole model is checked against: NHWC cuDNN where it is fastest."""
+    half = policy.dtype in (torch.float16, torch.bfloat16)
+    return "dense-channels-last" if half and device_type == "cuda" else "dense"
+
+
+def _check_against_dense(model: nn.Module, inputs: tuple, tuned: Dict[str, SparseConv2d], policy: PrecisionPolicy,
+                         device_type: str, timer: Timer) -> ModelCheck:
+    """Time `model(*inputs)` as tuned and with every tuned layer on the dense backend; keep the faster.
+
+    Per-layer choices are timed one layer at a time with L2 flushed, so they can add up to a model
+    slower than dense: the NCHW sparse kernels and the NHWC dense ones convert between layouts, and
+    dense layers profit more from activations left in L2 by the previous layer. This check makes
+    the tuned model never slower than the same model run densely, as measured."""
+    dense = _dense_backend(policy, device_type)
+    chosen = {name: (layer.backend, layer.config) for name, layer in tuned.items()}
+    tuned_ms = timer.measure(Candidate("model:tuned"), lambda: model(*inputs))
+    for layer in tuned.values():
+        layer._set_backend(dense, None)
+    dense_ms = timer.measure(Candidate(f"model:{dense}"), lambda: model(*inputs))
+    if tuned_ms <= dense_ms:
+        for name, (backend, config) in chosen.items():
+            tuned[name]._set_backend(backend, config)
+        return ModelCheck(tuned_ms, dense_ms, dense, "tuned")
+    _LOG.warning("the tuned model took %.4g ms, %s on every layer %.4g ms: every tuned layer now runs %s",
+                 tuned_ms, dense, dense_ms, dense)
+    return ModelCheck(tuned_ms, dense_ms, dense, "dense")
 
 
 def _prefetch(layers: Dict[str, SparseConv2d], masks: Dict[str, torch.Tensor], policy: PrecisionPolicy,
