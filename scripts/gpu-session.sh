@@ -5,7 +5,7 @@
 # Usage: OUT=out SPARSECNN_COMMIT=<hash> bash scripts/gpu-session.sh STAGE...
 #   <hash>: the commit as `git rev-parse --short HEAD` prints it on the machine that sent the tree,
 #   written literally into the command (the device's copy of .git can be stale).
-#   stages: model (MODEL_ARGS) tests tests-tune codegen codegen-r50 profile reprune models models-more
+#   stages: model (MODEL_ARGS) models-sweep artefact tests tests-tune codegen codegen-r50 profile reprune models models-more
 SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
@@ -66,6 +66,19 @@ for stage in "$@"; do
         model googlenet 32 fp32 ;;
     model)  # one model run: MODEL_ARGS="NAME BATCH DTYPE [bench-model flags]"
         model ${MODEL_ARGS:?set MODEL_ARGS} ;;
+    models-sweep)  # "never slower than dense" at every sparsity: resnet18-cifar fp32 and fp16, N=32
+        for sparsity in 0 0.5 0.7 0.8 0.9 0.95 0.98; do
+            model resnet18-cifar 32 fp32 --sparsity "$sparsity" --modes cudagraph
+            model resnet18-cifar 32 fp16 --sparsity "$sparsity" --modes cudagraph
+        done ;;
+    artefact)  # tune and write a DLMC ResNet-50 artefact, then load it in a fresh process (timed)
+        python3 -c "import sys, torch; from sparsecnn.models import build_model; from sparsecnn.prune import apply_dlmc_
+m = build_model('resnet50'); apply_dlmc_(m, 'magnitude_pruning-0.9', 0); torch.save(m.state_dict(), sys.argv[1])" \
+            /tmp/r50-dlmc.pt >"$OUT/artefact.log" 2>&1
+        { python3 -m sparsecnn.cli compile /tmp/r50-dlmc.pt --model resnet50 --input-shape 32,3,224,224 \
+            -o /tmp/r50-artefact && python3 -m sparsecnn.cli load /tmp/r50-artefact; } >>"$OUT/artefact.log" 2>&1 \
+            || echo "artefact: failed"
+        grep -E "^loaded|Error" "$OUT/artefact.log" ;;
     tests-tune)  # the GPU tests of whole-model tuning and artefacts only
         timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
             tests/test_autotune.py tests/test_artifact.py >"$OUT/gpu-tests.log" 2>&1
