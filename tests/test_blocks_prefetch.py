@@ -15,7 +15,7 @@ from torch import nn
 from conftest import sparse_weight
 from sparsecnn.autotune import POLICIES
 from sparsecnn.autotune.select import prefetch_candidates
-from sparsecnn.backends import backend_names, blocks, get_backend
+from sparsecnn.backends import backend_names, block_extraction, get_backend
 from sparsecnn.formats import BlockParams, extract_blocks
 from sparsecnn.layers import ConvSpec
 from sparsecnn.nn import autotune_model
@@ -28,18 +28,18 @@ SPEC = ConvSpec(1, 32, 64, 3, 3, 3, 3)  # stands in for a (64, 32, 3, 3) weight'
 def worker_pool():
     """Two real worker processes, shared by this module's tests; no extraction left over."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(blocks.WORKERS_ENV_VAR, "2")
-        blocks.shutdown_extraction_workers()
+        patch.setenv(block_extraction.WORKERS_ENV_VAR, "2")
+        block_extraction.shutdown_extraction_workers()
         yield
-        blocks.shutdown_extraction_workers()
-        blocks.clear_extractions()
+        block_extraction.shutdown_extraction_workers()
+        block_extraction.clear_extractions()
 
 
 @pytest.fixture
 def no_extractions():
-    blocks.clear_extractions()
+    block_extraction.clear_extractions()
     yield
-    blocks.clear_extractions()
+    block_extraction.clear_extractions()
 
 
 def _weight():
@@ -65,18 +65,18 @@ def _in_process_forbidden(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("extract_blocks ran in-process")
 
-    monkeypatch.setattr(blocks, "extract_blocks", refuse)
+    monkeypatch.setattr(block_extraction, "extract_blocks", refuse)
 
 
 def test_prefetched_extractions_equal_in_process_ones_and_are_taken(worker_pool, no_extractions, monkeypatch):
     weight = _weight()
     expected = {t2: extract_blocks(weight, BlockParams(t2=t2)) for t2 in (4, 8)}
     assert all(decomposition.blocks for decomposition in expected.values())
-    blocks.submit_extractions(weight, [4, 8, 4])
+    block_extraction.submit_extractions(weight, [4, 8, 4])
     _in_process_forbidden(monkeypatch)
     for t2 in (4, 8):
-        _assert_same(blocks._extraction(weight, t2), expected[t2])
-    assert not blocks._WORKERS.pending  # each taken once, then served from the in-process cache
+        _assert_same(block_extraction.extraction(weight, t2), expected[t2])
+    assert not block_extraction._WORKERS.pending  # each taken once, then served from the in-process cache
 
 
 def test_prefetch_hook_submits_the_t2_values_prepare_uses(worker_pool, no_extractions, monkeypatch):
@@ -84,11 +84,11 @@ def test_prefetch_hook_submits_the_t2_values_prepare_uses(worker_pool, no_extrac
     expected = extract_blocks(weight, BlockParams(t2=12))  # the t2 of fp32's default config
     backend.prefetch(weight.double(), torch.float32)  # cast to the dtype it will be tuned at
     t2_values = {config.t2 for config in backend.configs(SPEC, torch.float32)}
-    assert {key[3] for key in blocks._WORKERS.pending} == t2_values == {4, 8, 12, 16}
+    assert {key[3] for key in block_extraction._WORKERS.pending} == t2_values == {4, 8, 12, 16}
     _in_process_forbidden(monkeypatch)
     backend.prepare(weight, None)
-    assert {key[3] for key in blocks._WORKERS.pending} == {4, 8, 16}
-    _assert_same(blocks._extraction(weight, 12), expected)
+    assert {key[3] for key in block_extraction._WORKERS.pending} == {4, 8, 16}
+    _assert_same(block_extraction.extraction(weight, 12), expected)
 
 
 class _NoRunTimer:
@@ -119,17 +119,17 @@ def test_autotune_model_prepares_blocks_from_prefetched_weights(worker_pool, no_
     x = torch.randn(2, 8, 12) if conv_dims == 1 else torch.randn(2, 8, 12, 12)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # blocks offers CPU only then (nothing here runs a kernel)
     calls = []
-    monkeypatch.setattr(blocks, "extract_blocks", lambda *args: calls.append(args) or extract_blocks(*args))
+    monkeypatch.setattr(block_extraction, "extract_blocks", lambda *args: calls.append(args) or extract_blocks(*args))
     report = autotune_model(model, x, masks=masks, backends=["blocks"], cache_dir=tmp_path, timer=_NoRunTimer(),
                             progress=False)
     assert [layer.backend for layer in report.layers] == ["dense", "dense"]
     assert all(any(label.startswith("blocks[") for label in model[i].timings) for i in (0, 2))
-    assert calls == [] and not blocks._WORKERS.pending  # every extraction came from a worker
+    assert calls == [] and not block_extraction._WORKERS.pending  # every extraction came from a worker
 
 
 def _failing_workers(monkeypatch, new_pool):
-    workers = blocks._Workers(new_pool=new_pool)
-    monkeypatch.setattr(blocks, "_WORKERS", workers)
+    workers = block_extraction._Workers(new_pool=new_pool)
+    monkeypatch.setattr(block_extraction, "_WORKERS", workers)
     return workers
 
 
@@ -140,9 +140,9 @@ def test_a_pool_that_cannot_start_means_in_process_extraction(no_extractions, mo
     workers = _failing_workers(monkeypatch, cannot_start)
     weight = _weight()
     with caplog.at_level(logging.WARNING, logger="sparsecnn.backends.blocks"):
-        blocks.submit_extractions(weight, [4])
+        block_extraction.submit_extractions(weight, [4])
     assert workers.failed and not workers.pending and "no processes today" in caplog.text
-    _assert_same(blocks._extraction(weight, 4), extract_blocks(weight, BlockParams(t2=4)))
+    _assert_same(block_extraction.extraction(weight, 4), extract_blocks(weight, BlockParams(t2=4)))
 
 
 def test_workers_that_die_mean_in_process_extraction(no_extractions, monkeypatch, caplog):
@@ -150,13 +150,13 @@ def test_workers_that_die_mean_in_process_extraction(no_extractions, monkeypatch
     workers = _failing_workers(monkeypatch, lambda count: ProcessPoolExecutor(
         1, mp_context=spawn, initializer=os._exit, initargs=(1,)))
     weight = _weight()
-    blocks.submit_extractions(weight, [8])
+    block_extraction.submit_extractions(weight, [8])
     assert workers.pending
     with caplog.at_level(logging.WARNING, logger="sparsecnn.backends.blocks"):
-        got = blocks._extraction(weight, 8)
+        got = block_extraction.extraction(weight, 8)
     _assert_same(got, extract_blocks(weight, BlockParams(t2=8)))
     assert "BrokenProcessPool" in caplog.text and workers.failed and workers.pool is None
-    blocks.submit_extractions(weight, [4])  # no new pool after a failure
+    block_extraction.submit_extractions(weight, [4])  # no new pool after a failure
     assert workers.pool is None and not workers.pending
 
 
@@ -165,7 +165,7 @@ def test_backends_without_prefetch_and_ineligible_backends_submit_nothing(monkey
     asked = []
     workers = _failing_workers(monkeypatch, lambda count: asked.append(count) or ProcessPoolExecutor(0))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setenv(blocks.WORKERS_ENV_VAR, "3")
+    monkeypatch.setenv(block_extraction.WORKERS_ENV_VAR, "3")
     weight = _weight()
     prefetch_candidates(SPEC, weight, FP32, "cpu", ["direct", "im2col-cublas"])
     prefetch_candidates(SPEC, weight, FP32, "cpu")  # blocks is tuned on CPU only when named
