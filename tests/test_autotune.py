@@ -293,6 +293,7 @@ def test_the_whole_model_is_never_slower_than_dense(tmp_path, caplog, model_ms, 
     assert [layer.backend for layer in report.layers] == ["im2col-cublas", "im2col-cublas"]
     running = "im2col-cublas" if kept == "tuned" else "dense"
     assert model[0].backend == running and model[2].backend == running
+    assert model[0]._packed is not None  # kept as packed before the check (tuned) or by its dense run
     assert relative_error(model(x), ref) < 1e-6 and "whole model:" in report.format()
     assert ("every tuned layer now runs dense" in caplog.text) == (kept == "dense")
 

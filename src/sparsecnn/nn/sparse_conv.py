@@ -73,6 +73,14 @@ class SparseConv2d(nn.Module):
         self._packed_key = None
         self._binding: Optional[_Binding] = None
 
+    def _backend_state(self) -> tuple:
+        """The backend, config, packed weight and binding, for `_restore_backend` (so that trying
+        another backend does not cost re-packing this one)."""
+        return self.backend, self.config, self._packed, self._packed_key, self._binding
+
+    def _restore_backend(self, state: tuple) -> None:
+        self.backend, self.config, self._packed, self._packed_key, self._binding = state
+
     @property
     def activation(self) -> str:
         """"none" or "relu": applied after the bias and residual add, in the kernel's epilogue."""

@@ -191,14 +191,14 @@ def _check_against_dense(model: nn.Module, inputs: tuple, tuned: Dict[str, Spars
     dense layers profit more from activations left in L2 by the previous layer. This check makes
     the tuned model never slower than the same model run densely, as measured."""
     dense = _dense_backend(policy, device_type)
-    chosen = {name: (layer.backend, layer.config) for name, layer in tuned.items()}
+    chosen = {name: layer._backend_state() for name, layer in tuned.items()}
     tuned_ms = timer.measure(Candidate("model:tuned"), lambda: model(*inputs))
     for layer in tuned.values():
         layer._set_backend(dense, None)
     dense_ms = timer.measure(Candidate(f"model:{dense}"), lambda: model(*inputs))
     if tuned_ms <= dense_ms:
-        for name, (backend, config) in chosen.items():
-            tuned[name]._set_backend(backend, config)
+        for name, state in chosen.items():
+            tuned[name]._restore_backend(state)
         return ModelCheck(tuned_ms, dense_ms, dense, "tuned")
     _LOG.warning("the tuned model took %.4g ms, %s on every layer %.4g ms: every tuned layer now runs %s",
                  tuned_ms, dense, dense_ms, dense)
