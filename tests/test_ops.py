@@ -15,6 +15,7 @@ from torch import nn
 from conftest import needs_interpreter, sparse_weight
 from sparsecnn import ops
 from sparsecnn.backends import get_backend
+from sparsecnn.backends.registry import KernelCall
 from sparsecnn.kernels.reference import reference_conv, relative_error
 from sparsecnn.layers import ConvSpec
 from sparsecnn.nn import SparseConv2d
@@ -392,3 +393,23 @@ def test_gpu_compile_equals_eager(backend, mode, exact_fp32):
             y = compiled(x)
     # inductor may reorder the dense baseline's adds; the sparse ops' outputs are the kernels' own
     assert relative_error(y, eager) <= (1e-6 if backend == "dense" else 0)
+
+
+def test_kernel_call_skips_the_dispatcher_in_eager_runs_only(monkeypatch):
+    calls = []
+    call = KernelCall(lambda x, *rest: calls.append("op") or x + 1, (), (),
+                      eager=lambda x, *rest: calls.append("eager") or x + 1)
+    x = torch.ones(3)
+    assert torch.equal(call(x), x + 1) and calls == ["eager"]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(call(x), x + 1) and calls == ["eager", "op"]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("backend", ["direct", "blocks"])
+def test_triton_backends_bind_their_eager_implementation(backend):
+    spec = ConvSpec(2, 3, 5, 7, 7, 3, 3, 1, 1)
+    weight = sparse_weight(spec.weight_shape, 0.7)
+    chosen = get_backend(backend)
+    call = chosen.bind(chosen.prepare(weight, None), spec, None, torch.float32, False)
+    assert call.eager is {"direct": ops.direct_conv2d_eager, "blocks": ops.blocks_conv2d_eager}[backend]

@@ -24,6 +24,10 @@ tensors (each backend's `bind` lists them), a kernel config as the JSON of its d
         the im2col + cuSPARSE baseline: torch.compile cannot trace sparse tensors, so the CSR
         weight travels as its three arrays and the op rebuilds it.
 
+`direct_conv2d_eager` and `blocks_conv2d_eager` are the same computations as plain functions: eager
+runs call them directly (`backends.KernelCall`), skipping the dispatcher and the custom op's
+autograd and dynamo wrappers, Python work that costs more than a small layer's kernel.
+
 padded_hw: the (H + 2 pad_h, W + 2 pad_w) the offsets were expanded for; an input of another
 size is refused (its gathers would read the wrong elements). The dense and im2col + cuBLAS
 baselines are aten compositions (backends/baselines.py) and need no op.
@@ -48,8 +52,8 @@ from torch.library import custom_op, register_fake
 
 from .kernels.configs import check_residual
 
-__all__ = ["blocks_conv2d", "codegen_conv2d", "codegen_kernel", "config_json", "direct_conv2d",
-           "im2col_csr_conv2d", "register_codegen"]
+__all__ = ["blocks_conv2d", "blocks_conv2d_eager", "codegen_conv2d", "codegen_kernel", "config_json", "direct_conv2d",
+           "direct_conv2d_eager", "im2col_csr_conv2d", "register_codegen"]
 
 
 def config_json(config: Any) -> str:
@@ -92,17 +96,20 @@ def _direct_config(text: str):
     return DirectConfig.from_dict(json.loads(text))
 
 
-@custom_op("sparsecnn::direct_conv2d", mutates_args=())
-def direct_conv2d(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, row_ptr: Optional[torch.Tensor],
-                  row_order: Optional[torch.Tensor], bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
-                  kernel_shape: List[int], padded_hw: List[int], stride: List[int], padding: List[int], config: str,
-                  relu: bool) -> torch.Tensor:
+def direct_conv2d_eager(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
+                        row_ptr: Optional[torch.Tensor], row_order: Optional[torch.Tensor],
+                        bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], kernel_shape: List[int],
+                        padded_hw: List[int], stride: List[int], padding: List[int], config: str,
+                        relu: bool) -> torch.Tensor:
     """act(direct sparse conv(x) + bias + residual) -> (N, K, P, Q); see the module docstring."""
     from .kernels.triton.direct_conv import direct_conv2d_arrays
 
     _check_padded_hw(x, padded_hw, padding)
     return direct_conv2d_arrays(x, values, offsets, row_ptr, row_order, tuple(kernel_shape), bias, tuple(stride),
                                 tuple(padding), _direct_config(config), relu=relu, residual=residual)
+
+
+direct_conv2d = custom_op("sparsecnn::direct_conv2d", direct_conv2d_eager, mutates_args=())
 
 
 @register_fake("sparsecnn::direct_conv2d")
@@ -120,12 +127,11 @@ def _blocks_config(text: str):
     return BlocksConfig.from_dict(json.loads(text))
 
 
-@custom_op("sparsecnn::blocks_conv2d", mutates_args=())
-def blocks_conv2d(x: torch.Tensor, rows: torch.Tensor, dense_start: torch.Tensor, dense_offsets: torch.Tensor,
-                  dense_values: torch.Tensor, ell_start: torch.Tensor, ell_offsets: torch.Tensor,
-                  ell_values: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
-                  kernel_shape: List[int], padded_hw: List[int], stride: List[int], padding: List[int], config: str,
-                  relu: bool) -> torch.Tensor:
+def blocks_conv2d_eager(x: torch.Tensor, rows: torch.Tensor, dense_start: torch.Tensor,
+                        dense_offsets: torch.Tensor, dense_values: torch.Tensor, ell_start: torch.Tensor,
+                        ell_offsets: torch.Tensor, ell_values: torch.Tensor, bias: Optional[torch.Tensor],
+                        residual: Optional[torch.Tensor], kernel_shape: List[int], padded_hw: List[int],
+                        stride: List[int], padding: List[int], config: str, relu: bool) -> torch.Tensor:
     """act(blocks sparse conv(x) + bias + residual) -> (N, K, P, Q); see the module docstring."""
     from .kernels.triton.blocks_conv import blocks_conv2d_arrays
 
@@ -133,6 +139,9 @@ def blocks_conv2d(x: torch.Tensor, rows: torch.Tensor, dense_start: torch.Tensor
     arrays = (rows, dense_start, dense_offsets, dense_values, ell_start, ell_offsets, ell_values)
     return blocks_conv2d_arrays(x, arrays, tuple(kernel_shape), bias, tuple(stride), tuple(padding),
                                 _blocks_config(config), relu=relu, residual=residual)
+
+
+blocks_conv2d = custom_op("sparsecnn::blocks_conv2d", blocks_conv2d_eager, mutates_args=())
 
 
 @register_fake("sparsecnn::blocks_conv2d")

@@ -17,6 +17,7 @@ from typing import Any, List
 
 import torch
 
+from .. import ops
 from ..layers import ConvSpec
 from .block_extraction import extraction, submit_extractions
 from .registry import KernelCall
@@ -60,7 +61,8 @@ def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: boo
         raise ValueError(f"config (t2, block_m, block_kred) = {config.packing} differs from the weight's packing "
                          f"{packed.packing}; prepare the weight for this config")
     return KernelCall(torch.ops.sparsecnn.blocks_conv2d.default,
-                      kernels.weight_arrays(packed, *padded_hw(spec), dtype), op_static_args(packed, spec, config))
+                      kernels.weight_arrays(packed, *padded_hw(spec), dtype), op_static_args(packed, spec, config),
+                      eager=ops.blocks_conv2d_eager)
 
 
 BLOCKS = register_triton_backend(

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
+from .. import ops
 from ..layers import ConvSpec
 from .registry import KernelCall
 from .triton_common import op_static_args, padded_hw, register_triton_backend
@@ -39,7 +40,7 @@ def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: boo
         config = kernels.default_config(spec, dtype, kernels.variant_of(packed))
     kernels.check_weight_variant(packed, config)
     return KernelCall(torch.ops.sparsecnn.direct_conv2d.default, kernels.weight_arrays(packed, *padded_hw(spec)),
-                      op_static_args(packed, spec, config))
+                      op_static_args(packed, spec, config), eager=ops.direct_conv2d_eager)
 
 
 DIRECT = register_triton_backend(

@@ -35,16 +35,19 @@ class KernelCall:
     bias (K,) or None; residual None or of the output's shape, dtype and device. `fn` is an op of
     `ops.py` or a function of aten ops; `static` holds ints, lists and strings only. `keepalive`
     is never passed: it holds what handles in `static` refer to (a compiled codegen kernel).
+    `eager`: `fn`'s plain Python implementation, called instead of the op outside torch.compile.
     """
 
     fn: Callable[..., torch.Tensor]
     tensors: Tuple[Optional[torch.Tensor], ...] = ()
     static: Tuple[Any, ...] = ()
     keepalive: Any = dataclasses.field(default=None, repr=False, compare=False)
+    eager: Optional[Callable[..., torch.Tensor]] = dataclasses.field(default=None, repr=False, compare=False)
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                  residual: Optional[torch.Tensor] = None, relu: bool = False) -> torch.Tensor:
-        return self.fn(x, *self.tensors, bias, residual, *self.static, relu)
+        fn = self.fn if self.eager is None or torch.compiler.is_compiling() else self.eager
+        return fn(x, *self.tensors, bias, residual, *self.static, relu)
 
 
 def apply_epilogue_(y: torch.Tensor, relu: bool, residual: Optional[torch.Tensor]) -> torch.Tensor:
