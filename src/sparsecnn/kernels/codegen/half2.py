@@ -104,15 +104,10 @@ class Half2Generator(Generator):
     def _staged_word(self, name: str) -> str:
         return name
 
-    def _stage_loads(self, begin: int, end: int) -> None:
-        s = self.spec
-        for t in range(self.cfg.bn):
-            for ch in range(begin, end):
-                for l in range(self.plan.stage_slots):
-                    offset = (t * s.C + ch) * s.H * s.W
-                    low = f"(ok{l} && nok{t}) ? __ldg(xb + {offset} + goff{l}) : (unsigned short)0"
-                    high = f"(okb{l} && nok{t}) ? __ldg(xb + {offset} + goffb{l}) : (unsigned short)0"
-                    self._line(f"  st{t}_{ch - begin}_{l} = pack2({low}, {high});")
+    def _staged_load(self, t: int, offset: int, l: int) -> str:
+        low = f"(ok{l} && nok{t}) ? __ldg(xb + {offset} + goff{l}) : (unsigned short)0"
+        high = f"(okb{l} && nok{t}) ? __ldg(xb + {offset} + goffb{l}) : (unsigned short)0"
+        return f"pack2({low}, {high})"
 
     def _channel(self, g: int, ch: int, cl: int, buffer: int) -> None:
         """The HFMA2s of channel `ch` in (r, s) steps, flushing after every `flush_terms`-th step."""

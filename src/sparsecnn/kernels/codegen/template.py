@@ -235,10 +235,13 @@ class Generator:
         for t in range(self.cfg.bn):
             for ch in range(begin, end):
                 for l in range(self.plan.stage_slots):
-                    offset = (t * s.C + ch) * s.H * s.W
-                    zero = "(unsigned short)0" if self.half else "0.f"
-                    load = f"__ldg(xb + {offset} + goff{l})"
-                    self._line(f"  st{t}_{ch - begin}_{l} = (ok{l} && nok{t}) ? {load} : {zero};")
+                    value = self._staged_load(t, (t * s.C + ch) * s.H * s.W, l)
+                    self._line(f"  st{t}_{ch - begin}_{l} = {value};")
+
+    def _staged_load(self, t: int, offset: int, l: int) -> str:
+        """The value image t's staging slot l loads from the input element at `offset` (0 outside)."""
+        zero = "(unsigned short)0" if self.half else "0.f"
+        return f"(ok{l} && nok{t}) ? __ldg(xb + {offset} + goff{l}) : {zero}"
 
     def _stage_stores(self, begin: int, end: int, buffer: int) -> None:
         p = self.plan
