@@ -64,7 +64,13 @@ def _time_cuda(fn: Callable[[], object], device: torch.device, warmup_ms: float,
     for _ in range(max(1, int(warmup_ms / per_call))):
         fn()
     cover = _launch_cover(fn, device) if hide_launch else None
-    reps = max(min_rep, min(max_rep, int(rep_ms / per_call)))
+    return _event_times(fn, max(min_rep, min(max_rep, int(rep_ms / per_call))), flush, cover)
+
+
+def _event_times(fn: Callable[[], object], reps: int, flush: Optional[torch.Tensor],
+                 cover: Optional[Callable[[], None]]) -> List[float]:
+    """Milliseconds of `reps` calls of `fn`, each bracketed by CUDA events, after an L2 flush (a
+    write of `flush`) and a launch cover (see `_launch_cover`) when given."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends):
@@ -124,12 +130,4 @@ def time_one_call(fn: Callable[[], object], device: torch.device | str, hide_lau
         fn()
         return (time.perf_counter() - start) * 1e3
     torch.cuda.synchronize()
-    cover = _launch_cover(fn, device) if hide_launch else None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if cover is not None:
-        cover()
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)
+    return _event_times(fn, 1, None, _launch_cover(fn, device) if hide_launch else None)[0]
