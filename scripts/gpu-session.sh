@@ -5,7 +5,7 @@
 # Usage: OUT=out SPARSECNN_COMMIT=<hash> bash scripts/gpu-session.sh STAGE...
 #   <hash>: the commit as `git rev-parse --short HEAD` prints it on the machine that sent the tree,
 #   written literally into the command (the device's copy of .git can be stale).
-#   stages: model (MODEL_ARGS) models-sweep artefact tests tests-tune codegen codegen-r50 profile reprune models models-more
+#   stages: model (MODEL_ARGS) models-sweep artefact tests tests-api tests-tune codegen codegen-r50 profile reprune models models-more
 SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
@@ -79,6 +79,11 @@ m = build_model('resnet50'); apply_dlmc_(m, 'magnitude_pruning-0.9', 0); torch.s
             -o /tmp/r50-artefact && python3 -m sparsecnn.cli load /tmp/r50-artefact; } >>"$OUT/artefact.log" 2>&1 \
             || echo "artefact: failed"
         grep -E "^loaded|Error" "$OUT/artefact.log" ;;
+    tests-api)  # the GPU tests above the kernels: ops (every backend through its op), nn, tuning, artefacts
+        timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
+            -o faulthandler_timeout=120 tests/test_ops.py tests/test_nn.py tests/test_autotune.py tests/test_artifact.py \
+            >"$OUT/gpu-tests.log" 2>&1
+        grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -n 20 ;;
     tests-tune)  # the GPU tests of whole-model tuning and artefacts only
         timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
             tests/test_autotune.py tests/test_artifact.py >"$OUT/gpu-tests.log" 2>&1
