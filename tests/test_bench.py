@@ -137,6 +137,15 @@ def test_bench_model_lenet5():
     assert choices["conv_ms"] > 0 and choices["dense_conv_ms"] > 0
 
 
+def test_bench_model_limits_tuning_to_the_named_backends():
+    rows = bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.8, pattern="random", device="cpu",
+                       modes=("eager",), progress=False, timing=FAST, backends=["im2col-cublas"])
+    choices = rows[1]["config"]
+    assert choices["backends"] == ["im2col-cublas"]
+    assert {layer["backend"] for layer in choices["layers"].values()} <= {"dense", "im2col-cublas"}
+    assert rows[1]["rel_err"] < 1e-5
+
+
 def test_bench_model_reads_pruned_checkpoints(tmp_path):
     from sparsecnn.models import build_model
     from sparsecnn.prune import magnitude_mask, save_pruned

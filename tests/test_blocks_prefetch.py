@@ -82,7 +82,7 @@ def test_prefetched_extractions_equal_in_process_ones_and_are_taken(worker_pool,
 def test_prefetch_hook_submits_the_t2_values_prepare_uses(worker_pool, no_extractions, monkeypatch):
     weight, backend = _weight(), get_backend("blocks")
     expected = extract_blocks(weight, BlockParams(t2=12))  # the t2 of fp32's default config
-    backend.prefetch(weight.double(), torch.float32)  # cast to the dtype it will be tuned at
+    backend.prefetch(SPEC, weight.double(), torch.float32, True)  # cast to the dtype it will be tuned at
     t2_values = {config.t2 for config in backend.configs(SPEC, torch.float32)}
     assert {key[3] for key in block_extraction._WORKERS.pending} == t2_values == {4, 8, 12, 16}
     _in_process_forbidden(monkeypatch)
@@ -128,7 +128,7 @@ def test_autotune_model_prepares_blocks_from_prefetched_weights(worker_pool, no_
 
 
 def _failing_workers(monkeypatch, new_pool):
-    workers = block_extraction._Workers(new_pool=new_pool)
+    workers = block_extraction._new_workers(new_pool=new_pool)
     monkeypatch.setattr(block_extraction, "_WORKERS", workers)
     return workers
 
@@ -161,15 +161,15 @@ def test_workers_that_die_mean_in_process_extraction(no_extractions, monkeypatch
 
 
 def test_backends_without_prefetch_and_ineligible_backends_submit_nothing(monkeypatch):
-    assert [name for name in backend_names() if get_backend(name).prefetch is not None] == ["blocks"]
+    assert [name for name in backend_names() if get_backend(name).prefetch is not None] == ["codegen", "blocks"]
     asked = []
     workers = _failing_workers(monkeypatch, lambda count: asked.append(count) or ProcessPoolExecutor(0))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv(block_extraction.WORKERS_ENV_VAR, "3")
     weight = _weight()
-    prefetch_candidates(SPEC, weight, FP32, "cpu", ["direct", "im2col-cublas"])
-    prefetch_candidates(SPEC, weight, FP32, "cpu")  # blocks is tuned on CPU only when named
-    prefetch_candidates(dataclasses.replace(SPEC, C=64, groups=2), weight, FP32, "cpu", ["blocks"])
+    prefetch_candidates(SPEC, weight, FP32, "cpu", ["direct", "im2col-cublas"], has_bias=True)
+    prefetch_candidates(SPEC, weight, FP32, "cpu", has_bias=True)  # blocks is tuned on CPU only when named
+    prefetch_candidates(dataclasses.replace(SPEC, C=64, groups=2), weight, FP32, "cpu", ["blocks"], has_bias=True)
     assert asked == [] and workers.pool is None
-    prefetch_candidates(SPEC, weight, FP32, "cpu", ["blocks"])
+    prefetch_candidates(SPEC, weight, FP32, "cpu", ["blocks"], has_bias=True)
     assert asked == [3] and workers.failed  # ProcessPoolExecutor(0) refuses: asked, then in-process

@@ -60,7 +60,8 @@ def _cmd_bench_model(args) -> None:
     rows = bench_model(args.name, batch=args.batch, dtype=args.dtype, sparsity=args.sparsity,
                        pattern=args.pattern, backend=args.backend, device=_device(args),
                        modes=tuple(_split(args.modes)), seed=args.seed, checkpoint=args.checkpoint,
-                       compile_mode=None if args.compile_mode == "default" else args.compile_mode)
+                       compile_mode=None if args.compile_mode == "default" else args.compile_mode,
+                       backends=_split(args.backends) if args.backends else None)
     write_jsonl(rows, args.out)
     print(markdown_table(rows))
     print(f"\n{len(rows)} rows appended to {args.out}")
@@ -215,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_model.add_argument("--compile-mode", default="max-autotune",
                              help="torch.compile mode of the dense model in mode 'compile' ('default' for none)")
     bench_model.add_argument("--checkpoint", default=None, help="state_dict with pruned weights")
+    bench_model.add_argument("--backends", default=None,
+                             help="with --backend auto: comma-separated sparse backends tuning may pick (default all)")
     _add_common(bench_model, 32)
     bench_model.set_defaults(run=_cmd_bench_model)
 

@@ -53,7 +53,7 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
     """Every (backend, config) that runs `spec` at the policy's dtype on `device_type`.
 
     The dense backends are always included. Without an explicit `backends` list, a backend is
-    skipped on devices outside its `autotune_devices`. TF32 candidates (a `dense-tf32` backend, and
+    skipped on devices outside its `autotune_devices` and offers only its first `auto_configs`. TF32 candidates (a `dense-tf32` backend, and
     for fp32 the "tf32" variant of every config with a `precision` field) appear only when the
     policy allows TF32.
     """
@@ -64,7 +64,10 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
         if backends is None and backend.autotune_devices is not None and device_type not in backend.autotune_devices:
             continue
         if backend.unsupported_reason(spec, policy.dtype, device_type) is None:
-            found.extend(Candidate(name, config) for config in _configs(name, spec, policy))
+            configs = _configs(name, spec, policy)
+            if backends is None and backend.auto_configs is not None:
+                configs = configs[:backend.auto_configs]
+            found.extend(Candidate(name, config) for config in configs)
     return found
 
 
@@ -219,14 +222,14 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 
 def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionPolicy, device_type: str,
-                        backends: Optional[List[str]] = None) -> None:
-    """Call `Backend.prefetch(weight, policy.dtype)` of each backend `candidates_for` would offer.
+                        backends: Optional[List[str]] = None, *, has_bias: bool) -> None:
+    """Call `Backend.prefetch(spec, weight, policy.dtype, has_bias)` of each backend `candidates_for`
+    would offer.
 
-    spec: the layer at any input size (prefetching happens before the inputs reach it); weight:
-    the masked (K, C // groups, R, S) weight, bit-identical to the one tuning will prepare, so
-    backends can recognise it by content.
+    spec: the layer at the input shape it will be tuned on; weight: the masked (K, C // groups, R, S)
+    weight, bit-identical to the one tuning will prepare, so backends can recognise it by content.
     """
     for name in dict.fromkeys(candidate.backend for candidate in candidates_for(spec, policy, device_type, backends)):
         prefetch = get_backend(name).prefetch
         if prefetch is not None:
-            prefetch(weight, policy.dtype)
+            prefetch(spec, weight, policy.dtype, has_bias)

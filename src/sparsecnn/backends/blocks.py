@@ -37,8 +37,9 @@ def _candidate_configs(weight: torch.Tensor, dtype: torch.dtype) -> List[Any]:
     return _kernels().candidate_configs(ConvSpec(1, c, k, r, s, r, s), dtype)
 
 
-def _prefetch(weight: torch.Tensor, dtype: torch.dtype) -> None:
-    """Submit the extractions of every t2 the autotuner will try for `weight` at `dtype`."""
+def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool) -> None:
+    """Submit the extractions of every t2 the autotuner will try for `weight` at `dtype` (they
+    depend on nothing else)."""
     weight = weight.to(dtype)
     submit_extractions(weight, [config.t2 for config in _candidate_configs(weight, dtype)])
 

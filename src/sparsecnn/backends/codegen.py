@@ -6,10 +6,17 @@ needs the layer's spatial shape: `prepare` only checks and keeps the weight, and
 shape compiled before costs a file read). Bind and run once outside CUDA-graph capture (the first
 launch loads the modules). Runs go through the op `sparsecnn::codegen_conv2d`, which takes the
 compiled kernels by a handle (see ops.py).
+
+Compiling a ResNet-50 layer costs 1-60 s of CPU, so `backend="auto"` tries only the default
+config (`auto_configs`), and `prefetch` compiles it in worker processes (`workers.WorkerPool`, at
+most $SPARSECNN_CODEGEN_WORKERS) while earlier layers are timed; `bind` then takes the result.
 Importing this module imports neither cuda-python nor CuPy and does not touch CUDA.
 """
 from __future__ import annotations
 
+import atexit
+import hashlib
+import logging
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -20,11 +27,52 @@ from ..kernels import codegen
 from ..layers import ConvSpec
 from ..ops import register_codegen
 from .registry import Backend, KernelCall, apply_epilogue_, register_backend
+from .workers import NOTHING, WorkerPool
 
 # K*C*R*S beyond this unrolls into so many kernels (each <= DEFAULT_MAX_KERNEL_FMAS template FMAs,
 # ~10 s of nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
 MAX_UNROLLED_WEIGHTS = 1 << 20
+CODEGEN_AUTO_CONFIGS = 1  # the default config: the others cost as much compile time for a few percent
 _INT32_MAX = 2**31 - 1
+WORKERS_ENV_VAR = "SPARSECNN_CODEGEN_WORKERS"
+_LOG = logging.getLogger("sparsecnn.backends.codegen")
+
+
+def _new_workers(**kwargs) -> WorkerPool:
+    return WorkerPool("codegen compile", WORKERS_ENV_VAR, _LOG, **kwargs)
+
+
+_WORKERS = _new_workers()
+
+
+def shutdown_compile_workers() -> None:
+    """Stop the worker processes and forget the compiles they owe (also done at exit)."""
+    global _WORKERS
+    _WORKERS.shutdown()
+    _WORKERS = _new_workers()
+
+
+# concurrent.futures waits at exit for every submitted job, from threading's exit hooks (run before
+# atexit's): unstarted compiles are cancelled there.
+getattr(threading, "_register_atexit", atexit.register)(shutdown_compile_workers)
+
+
+def _as_compiled_array(weight: torch.Tensor) -> np.ndarray:
+    return weight.detach().to("cpu", torch.float32).contiguous().numpy()
+
+
+def _compile_key(weight: np.ndarray, spec: ConvSpec, config: codegen.CodegenConfig, has_bias: bool,
+                 dtype: torch.dtype) -> Tuple:
+    digest = hashlib.blake2b(weight.tobytes(), digest_size=16).hexdigest()
+    return digest, weight.shape, spec.with_batch(0), config, has_bias, str(dtype)
+
+
+def _compile_in_worker(weight: np.ndarray, spec: ConvSpec, config: codegen.CodegenConfig, has_bias: bool,
+                       dtype: torch.dtype) -> Tuple:
+    """compile_conv in a worker process, one slice at a time (the workers are the parallelism):
+    (plan, cubins, report) to rebuild the `CompiledConv` from."""
+    compiled = codegen.compile_conv(weight, spec, config, has_bias=has_bias, dtype=dtype, jobs=1)
+    return compiled.plan, compiled.cubins, compiled.report
 
 
 class CodegenWeight:
@@ -33,7 +81,7 @@ class CodegenWeight:
     def __init__(self, weight: torch.Tensor):
         if weight.dim() != 4:
             raise ValueError(f"codegen needs a (K, C, R, S) weight, got shape {tuple(weight.shape)}")
-        self.weight = weight.detach().to("cpu", torch.float32).contiguous().numpy()
+        self.weight = _as_compiled_array(weight)
         if not np.isfinite(self.weight).all():
             raise ValueError("codegen cannot compile a weight with inf/NaN values")
         self._compiled: Dict[Tuple, codegen.CompiledConv] = {}
@@ -42,11 +90,14 @@ class CodegenWeight:
     def compiled(self, spec: ConvSpec, config: Optional[codegen.CodegenConfig], has_bias: bool,
                  dtype: torch.dtype = torch.float32) -> codegen.CompiledConv:
         """The kernels for `spec` at `dtype` (batch ignored; config None: the dtype's default),
-        compiled on first use."""
-        key = (spec.with_batch(0), config, has_bias, dtype)
+        compiled on first use, or taken from a worker that `prefetch` set compiling."""
+        config = config or _configs(spec, dtype)[0]
+        key = _compile_key(self.weight, spec, config, has_bias, dtype)
         with self._lock:
             if key not in self._compiled:
-                self._compiled[key] = codegen.compile_conv(self.weight, spec, config, has_bias=has_bias, dtype=dtype)
+                done = _WORKERS.take(key)
+                self._compiled[key] = (codegen.CompiledConv(*done) if done is not NOTHING else
+                                       codegen.compile_conv(self.weight, spec, config, has_bias=has_bias, dtype=dtype))
             return self._compiled[key]
 
 
@@ -86,6 +137,16 @@ def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     return codegen.candidate_configs(spec, dtype)
 
 
+def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool) -> None:
+    """Start compiling the configs `backend="auto"` tries (the default) for `spec` in a worker."""
+    if _spec_check(spec) is not None:
+        return
+    array = _as_compiled_array(weight)
+    for config in _configs(spec, dtype)[:CODEGEN_AUTO_CONFIGS]:
+        _WORKERS.submit(_compile_key(array, spec, config, has_bias, dtype), _compile_in_worker, array, spec, config,
+                        has_bias, dtype)
+
+
 CODEGEN = register_backend(Backend(
     name="codegen",
     description="sparsity-aware code generation (Dong et al.): weights as FMA immediates, zero-weight FMAs "
@@ -96,5 +157,7 @@ CODEGEN = register_backend(Backend(
     spec_check=_spec_check,
     configs=_configs,
     config_from_dict=codegen.CodegenConfig.from_dict,
-    autotune_devices=(),  # each candidate costs a 10-30 s compile: used by `auto` only when named
+    autotune_devices=("cuda",),
+    auto_configs=CODEGEN_AUTO_CONFIGS,
+    prefetch=_prefetch,
 ))

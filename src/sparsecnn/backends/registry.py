@@ -81,8 +81,11 @@ class Backend:
     the first is the default for untuned use. `config_from_dict` rebuilds one from its saved form.
     autotune_devices: device types where `backend="auto"` may pick it unasked (None: wherever it
     runs); e.g. a Triton backend runs on CPU only in the interpreter, for tests.
-    prefetch(weight, dtype), optional: start preparing work for a (K, C, R, S) weight that will be
-    tuned at `dtype` (e.g. in worker processes); must not change results.
+    auto_configs: how many of `configs` (the first ones) `backend="auto"` tries when the backend
+    is not named (None: all); for backends whose every config costs a long compile.
+    prefetch(spec, weight, dtype, has_bias), optional: start preparing work for a (K, C, R, S)
+    weight that will be tuned on inputs of `spec`'s shape at `dtype` (e.g. in worker processes);
+    must not change results.
     """
 
     name: str
@@ -94,7 +97,8 @@ class Backend:
     configs: Callable[[ConvSpec, torch.dtype], List[Any]] = _no_configs
     config_from_dict: Callable[[dict], Any] = lambda saved: None
     autotune_devices: Optional[Tuple[str, ...]] = None
-    prefetch: Optional[Callable[[torch.Tensor, torch.dtype], None]] = None
+    auto_configs: Optional[int] = None
+    prefetch: Optional[Callable[[ConvSpec, torch.Tensor, torch.dtype, bool], None]] = None
 
     def run(self, x: torch.Tensor, packed: Any, bias: Optional[torch.Tensor], spec: ConvSpec, config: Any, *,
             relu: bool = False, residual: Optional[torch.Tensor] = None) -> torch.Tensor:

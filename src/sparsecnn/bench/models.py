@@ -120,7 +120,8 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     """The sparse row's `config`: {"layers": {module path: {"backend", "config", "ms", "dense_ms"}},
     "tune_s": seconds spent in `sparsify_`, "conv_ms" / "dense_conv_ms": the tuned convs' summed
     times and the same convs run densely (per-layer medians from tuning; null when not tuned),
-    "model_check": the whole-model check against dense (`autotune.ModelCheck` as a dict, or null)}."""
+    "model_check": the whole-model check against dense (`autotune.ModelCheck` as a dict, or null);
+    `_variant` adds "backends", the sparse backends tuning was limited to (null: all)}."""
     report = getattr(model, "sparsecnn_report", None)
     timed = {} if report is None else {layer.name: layer for layer in report.layers}
     layers = {}
@@ -180,8 +181,8 @@ def _input(name: str, batch: int, seed: int, device: torch.device, dtype: str) -
     return round_to(x, dtype)
 
 
-def _variant(model: nn.Module, x: torch.Tensor, dtype: str,
-             backend: str) -> Tuple[nn.Module, torch.Tensor, Optional[dict]]:
+def _variant(model: nn.Module, x: torch.Tensor, dtype: str, backend: str,
+             backends: Optional[List[str]]) -> Tuple[nn.Module, torch.Tensor, Optional[dict]]:
     """(copy of `model` to run, its input, the row's config) for backend "cudnn" (the masked model in
     dtype, channels_last for fp16/bf16) or a sparse backend (`prepare_for_inference`, then
     `sparsify_` at the dtype's precision policy, NCHW; config: see `_sparse_choices`)."""
@@ -193,15 +194,16 @@ def _variant(model: nn.Module, x: torch.Tensor, dtype: str,
     sparse = prepare_for_inference(copy.deepcopy(model))
     start = time.perf_counter()
     with precision(dtype):
-        sparsify_(sparse, x, backend=backend, dtype=dtype, progress=False)
-    return sparse, x.to(stored), _sparse_choices(sparse, time.perf_counter() - start)
+        sparsify_(sparse, x, backend=backend, dtype=dtype, backends=backends, progress=False)
+    return sparse, x.to(stored), {**_sparse_choices(sparse, time.perf_counter() - start), "backends": backends}
 
 
 def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: str, backend: str = "auto",
                 device: torch.device | str, modes: Sequence[str] = ("eager", "cudagraph"), seed: int = 0,
                 run_id: Optional[str] = None, checkpoint: Optional[str | os.PathLike] = None,
                 progress: bool = True, timing: Optional[Dict[str, Any]] = None,
-                compile_mode: Optional[str] = "max-autotune") -> List[Dict[str, Any]]:
+                compile_mode: Optional[str] = "max-autotune",
+                backends: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """Benchmark model `name` at `batch`; returns results rows of kind "model".
 
     Rows: backend "cudnn" (the pruned model run densely; fp16/bf16 in channels_last) in each mode,
@@ -210,6 +212,8 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     `_pruned_model`; with `checkpoint` the weights come from that state dict instead. dtype: "fp32"
     (TF32 off), "tf32", "fp16", "bf16". timing: keyword arguments for `autotune.benchmark`.
     compile_mode: `torch.compile`'s mode for the dense model in mode "compile" (None: default).
+    backends: with backend "auto", the only sparse backends tuning may pick (None: all; the sparse
+    row's config records it).
     """
     _check_args(dtype, backend, modes)
     device, timing = torch.device(device), dict(timing or {})
@@ -222,7 +226,7 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
             "model": name, "N": batch, "dtype": dtype, "sparsity": recorded_sparsity, "pattern": label}
     rows = []
     for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
-        runnable, x_cast, config = _variant(model, x, dtype, variant)
+        runnable, x_cast, config = _variant(model, x, dtype, variant, backends)
         dense_compile_mode = compile_mode if variant == CUDNN else None
         rows += [_row(base, variant, config, mode, stats)
                  for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, dense_compile_mode)]

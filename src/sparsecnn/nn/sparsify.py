@@ -22,7 +22,6 @@ from ..autotune import (DEFAULT_DROP_RATIO, Candidate, MeasuringTimer, ModelChec
 from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
 from ..kernels.reference import relative_error
-from ..layers import ConvSpec
 from .sparse_conv import SparseConv2d
 
 FilterFn = Callable[[str, nn.Module], bool]
@@ -153,14 +152,14 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     timer = timer or MeasuringTimer(device)
     show = sys.stderr.isatty() if progress is None else progress
     with torch.no_grad(), tf32_flags(False):
-        reference = model(*inputs)
-        model.to(policy.dtype)
         originals = dict(_selected(model, filter_fn))
+        reference, input_shapes = _run_recording_input_shapes(model, inputs, originals)
+        model.to(policy.dtype)
         layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
         for name, layer in layers.items():
             if layer is not originals[name]:
                 _replace(model, name, layer)
-        _prefetch(layers, masks or {}, policy, device.type, backends)
+        _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends)
         tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio,
                               tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show))
         output = tuning.run(model, _cast(inputs, policy.dtype))
@@ -205,24 +204,37 @@ def _check_against_dense(model: nn.Module, inputs: tuple, tuned: Dict[str, Spars
     return ModelCheck(tuned_ms, dense_ms, dense, "dense")
 
 
-def _prefetch(layers: Dict[str, SparseConv2d], masks: Dict[str, torch.Tensor], policy: PrecisionPolicy,
-              device_type: str, backends: Optional[List[str]]) -> None:
-    """Let the candidate backends start preparing each layer's weight, in model order, so that work
-    for later layers overlaps the timing of earlier ones. The weight is the one `_LayerTuning._tune`
-    will hand them, bit for bit; the layers themselves are left as they are until tuned."""
+def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):
+    """(model(*inputs), name -> shape of the first input each of `layers` saw)."""
+    shapes: Dict[str, torch.Size] = {}
+
+    def recorder(name: str):
+        def record(layer: nn.Module, args: tuple) -> None:
+            shapes.setdefault(name, args[0].shape)
+
+        return record
+
+    hooks = [layer.register_forward_pre_hook(recorder(name)) for name, layer in layers.items()]
+    try:
+        return model(*inputs), shapes
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, torch.Size], masks: Dict[str, torch.Tensor],
+              policy: PrecisionPolicy, device_type: str, backends: Optional[List[str]]) -> None:
+    """Let the candidate backends start preparing each layer's weight at the input shape it will be
+    tuned on, in model order, so that work for later layers overlaps the timing of earlier ones.
+    The weight is the one `_LayerTuning._tune` will hand them, bit for bit; the layers themselves
+    are left as they are until tuned. Layers the inputs never reach are not prefetched."""
     for name, layer in layers.items():
+        if name not in input_shapes:
+            continue
         weight = (layer.weight.detach() * _checked_mask(layer, name, masks.get(name))).to(policy.dtype)
         weight = (weight.unsqueeze(2) if layer.conv_dims == 1 else weight).contiguous()
-        prefetch_candidates(_stand_in_spec(layer, weight), weight, policy, device_type, backends)
-
-
-def _stand_in_spec(layer: SparseConv2d, weight: torch.Tensor) -> ConvSpec:
-    """The layer's 2-D `ConvSpec` on a 1 x C input of its (dilated) kernel's extent: all but the
-    input size, which is known only once the input reaches the layer. weight: (K, C // groups, R, S)."""
-    k, _, r, s = weight.shape
-    (dh, dw) = layer.dilation
-    return ConvSpec(1, layer.in_channels, k, dh * (r - 1) + 1, dw * (s - 1) + 1, r, s, layer.stride, layer.padding,
-                    layer.dilation, layer.groups)
+        spec = layer.spec_for(torch.empty(input_shapes[name], device="meta"))
+        prefetch_candidates(spec, weight, policy, device_type, backends, has_bias=layer.bias is not None)
 
 
 class _LayerTuning:

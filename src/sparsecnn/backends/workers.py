@@ -1,0 +1,96 @@
+"""Worker processes that prepare backends' work ahead of tuning (block extraction, codegen compiles).
+
+"spawn" processes, never fork, as the parent may have initialised CUDA; at most $<ENV_VAR> of
+them (default min(CPU count, 16); 0: none), started as jobs arrive and niced, so that the tuning
+process keeps a core. Like a DataLoader's workers, they import the main script again: a script
+that tunes needs `if __name__ == "__main__":`. A pool that fails to start or a worker that fails
+only means the caller does the work in-process: results never depend on where a job ran.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Dict, Hashable, Optional
+
+_MAX_WORKERS = 16
+_WORKER_NICENESS = 10
+NOTHING = object()  # what `WorkerPool.take` returns when there is no result to take
+
+
+def worker_count(env_var: str) -> int:
+    """Worker processes allowed: $env_var, else min(CPU count, 16)."""
+    value = os.environ.get(env_var, "").strip()
+    if not value:
+        return min(os.cpu_count() or 1, _MAX_WORKERS)
+    if not value.isdigit():
+        raise ValueError(f"${env_var} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def spawn_pool(workers: int) -> ProcessPoolExecutor:
+    # Processes start one per job while none is idle: min(workers, jobs in flight) of them.
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=os.nice, initargs=(_WORKER_NICENESS,))
+
+
+class WorkerPool:
+    """A lazily started process pool and the jobs submitted to it, by key, until taken.
+
+    what: the work, for log messages ("block extraction"); env_var: names the worker count;
+    new_pool(workers) -> executor (tests inject pools that fail).
+    """
+
+    def __init__(self, what: str, env_var: str, log: logging.Logger,
+                 new_pool: Callable[[int], ProcessPoolExecutor] = spawn_pool):
+        self.what, self.env_var, self.log, self.new_pool = what, env_var, log, new_pool
+        self.pool: Optional[ProcessPoolExecutor] = None
+        self.failed = False
+        self.pending: Dict[Hashable, Future] = {}
+
+    def submit(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> None:
+        """Start fn(*args) in a worker (fn importable by module path) unless `key` is pending."""
+        if self.failed or key in self.pending:
+            return
+        try:
+            if self.pool is None:
+                workers = worker_count(self.env_var)
+                if workers == 0:
+                    return
+                self.pool = self.new_pool(workers)
+            self.pending[key] = self.pool.submit(fn, *args)
+        except Exception as error:  # noqa: BLE001  (no pool is no reason to fail tuning)
+            self._give_up(error)
+
+    def take(self, key: Hashable) -> Any:
+        """The result of the job for `key` (waiting for it), or NOTHING when there is none or it failed."""
+        future = self.pending.pop(key, None)
+        if future is None:
+            return NOTHING
+        try:
+            return future.result()
+        except BrokenProcessPool as error:
+            self._give_up(error)
+        except Exception as error:  # noqa: BLE001  (in-process work raises it again, if it is the input's fault)
+            self.log.warning("%s in a worker process failed (%s: %s); doing it in-process", self.what,
+                             type(error).__name__, error)
+        return NOTHING
+
+    def forget(self) -> None:
+        for future in self.pending.values():
+            future.cancel()
+        self.pending.clear()
+
+    def _give_up(self, error: Exception) -> None:
+        self.log.warning("%s worker processes unavailable (%s: %s); doing it in-process", self.what,
+                         type(error).__name__, error)
+        self.shutdown()
+        self.failed = True
+
+    def shutdown(self) -> None:
+        self.forget()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
