@@ -65,6 +65,17 @@ def test_auto_offers_the_default_config_on_cuda_and_every_config_when_named():
     assert _labels(candidates_for(too_big, FP32, "cuda")) == []
 
 
+def test_auto_leaves_out_layers_of_many_slices(inline_workers):
+    workers, pool = inline_workers
+    many = ConvSpec(32, 256, 256, 14, 14, 3, 3, 1, 1)  # ResNet-50's layer3 3x3
+    default = codegen.candidate_configs(many)[0]
+    assert codegen.make_plan(many, default).n_slices > codegen_backend.MAX_AUTO_SLICES
+    assert _labels(candidates_for(many, FP32, "cuda")) == []
+    assert _labels(candidates_for(many, FP32, "cuda", ["codegen"]))[0] == default  # named: still offered
+    get_backend("codegen").prefetch(many, torch.randn(many.weight_shape), torch.float32, True)
+    assert pool.jobs == 0
+
+
 def _weight():
     return torch.from_numpy(sparse(SPEC.weight_shape, 0.8))
 

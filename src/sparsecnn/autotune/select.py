@@ -53,7 +53,7 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
     """Every (backend, config) that runs `spec` at the policy's dtype on `device_type`.
 
     The dense backends are always included. Without an explicit `backends` list, a backend is
-    skipped on devices outside its `autotune_devices` and offers only its first `auto_configs`. TF32 candidates (a `dense-tf32` backend, and
+    skipped on devices outside its `autotune_devices` and offers only its `auto_configs`. TF32 candidates (a `dense-tf32` backend, and
     for fp32 the "tf32" variant of every config with a `precision` field) appear only when the
     policy allows TF32.
     """
@@ -66,7 +66,7 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
         if backend.unsupported_reason(spec, policy.dtype, device_type) is None:
             configs = _configs(name, spec, policy)
             if backends is None and backend.auto_configs is not None:
-                configs = configs[:backend.auto_configs]
+                configs = [config for config in configs if config in backend.auto_configs(spec, policy.dtype)]
             found.extend(Candidate(name, config) for config in configs)
     return found
 

@@ -32,7 +32,11 @@ from .workers import NOTHING, WorkerPool
 # K*C*R*S beyond this unrolls into so many kernels (each <= DEFAULT_MAX_KERNEL_FMAS template FMAs,
 # ~10 s of nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
 MAX_UNROLLED_WEIGHTS = 1 << 20
-CODEGEN_AUTO_CONFIGS = 1  # the default config: the others cost as much compile time for a few percent
+# `backend="auto"` compiles only the default config, and only for layers whose output channels fit
+# in at most this many kernels (slices): compile time grows with the slices (ResNet-50's layer3
+# 3x3 convs: 29 slices, 40 s of CPU each), and each slice reads the whole input again, so on the
+# H100 codegen beat direct and dense only on layers of 1 to 4 slices (see benchmarks/results).
+MAX_AUTO_SLICES = 4
 _INT32_MAX = 2**31 - 1
 WORKERS_ENV_VAR = "SPARSECNN_CODEGEN_WORKERS"
 _LOG = logging.getLogger("sparsecnn.backends.codegen")
@@ -137,12 +141,18 @@ def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     return codegen.candidate_configs(spec, dtype)
 
 
+def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
+    """[the default config] when its plan has at most MAX_AUTO_SLICES slices, else []."""
+    default = _configs(spec, dtype)[0]
+    return [default] if codegen.make_plan(spec, default, dtype=dtype).n_slices <= MAX_AUTO_SLICES else []
+
+
 def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool) -> None:
-    """Start compiling the configs `backend="auto"` tries (the default) for `spec` in a worker."""
+    """Start compiling the configs `backend="auto"` tries for `spec` in a worker."""
     if _spec_check(spec) is not None:
         return
     array = _as_compiled_array(weight)
-    for config in _configs(spec, dtype)[:CODEGEN_AUTO_CONFIGS]:
+    for config in _auto_configs(spec, dtype):
         _WORKERS.submit(_compile_key(array, spec, config, has_bias, dtype), _compile_in_worker, array, spec, config,
                         has_bias, dtype)
 
@@ -158,6 +168,6 @@ CODEGEN = register_backend(Backend(
     configs=_configs,
     config_from_dict=codegen.CodegenConfig.from_dict,
     autotune_devices=("cuda",),
-    auto_configs=CODEGEN_AUTO_CONFIGS,
+    auto_configs=_auto_configs,
     prefetch=_prefetch,
 ))

@@ -81,8 +81,8 @@ class Backend:
     the first is the default for untuned use. `config_from_dict` rebuilds one from its saved form.
     autotune_devices: device types where `backend="auto"` may pick it unasked (None: wherever it
     runs); e.g. a Triton backend runs on CPU only in the interpreter, for tests.
-    auto_configs: how many of `configs` (the first ones) `backend="auto"` tries when the backend
-    is not named (None: all); for backends whose every config costs a long compile.
+    auto_configs(spec, dtype), optional: the configs `backend="auto"` tries when the backend is
+    not named (None: all of `configs`); for backends whose every config costs a long compile.
     prefetch(spec, weight, dtype, has_bias), optional: start preparing work for a (K, C, R, S)
     weight that will be tuned on inputs of `spec`'s shape at `dtype` (e.g. in worker processes);
     must not change results.
@@ -97,7 +97,7 @@ class Backend:
     configs: Callable[[ConvSpec, torch.dtype], List[Any]] = _no_configs
     config_from_dict: Callable[[dict], Any] = lambda saved: None
     autotune_devices: Optional[Tuple[str, ...]] = None
-    auto_configs: Optional[int] = None
+    auto_configs: Optional[Callable[[ConvSpec, torch.dtype], List[Any]]] = None
     prefetch: Optional[Callable[[ConvSpec, torch.Tensor, torch.dtype, bool], None]] = None
 
     def run(self, x: torch.Tensor, packed: Any, bias: Optional[torch.Tensor], spec: ConvSpec, config: Any, *,
