@@ -66,19 +66,21 @@ for stage in "$@"; do
         model googlenet 32 fp32 ;;
     model)  # one model run: MODEL_ARGS="NAME BATCH DTYPE [bench-model flags]"
         model ${MODEL_ARGS:?set MODEL_ARGS} ;;
-    models-sweep)  # "never slower than dense" at every sparsity: resnet18-cifar fp32 and fp16, N=32
-        for sparsity in 0 0.5 0.7 0.8 0.9 0.95 0.98; do
-            model resnet18-cifar 32 fp32 --sparsity "$sparsity" --modes cudagraph
-            model resnet18-cifar 32 fp16 --sparsity "$sparsity" --modes cudagraph
+    models-sweep)  # "never slower than dense" at every sparsity: resnet18-cifar, N=32 (SWEEP_DTYPES, SWEEP_SPARSITIES)
+        for sparsity in ${SWEEP_SPARSITIES:-0 0.5 0.7 0.8 0.9 0.95 0.98}; do
+            for dtype in ${SWEEP_DTYPES:-fp32 fp16}; do
+                model resnet18-cifar 32 "$dtype" --sparsity "$sparsity" --modes cudagraph
+            done
         done ;;
     artefact)  # tune and write a DLMC ResNet-50 artefact, then load it in a fresh process (timed)
         python3 -c "import sys, torch; from sparsecnn.models import build_model; from sparsecnn.prune import apply_dlmc_
 m = build_model('resnet50'); apply_dlmc_(m, 'magnitude_pruning-0.9', 0); torch.save(m.state_dict(), sys.argv[1])" \
             /tmp/r50-dlmc.pt >"$OUT/artefact.log" 2>&1
         { python3 -m sparsecnn.cli compile /tmp/r50-dlmc.pt --model resnet50 --input-shape 32,3,224,224 \
-            -o /tmp/r50-artefact && python3 -m sparsecnn.cli load /tmp/r50-artefact; } >>"$OUT/artefact.log" 2>&1 \
-            || echo "artefact: failed"
-        grep -E "^loaded|Error" "$OUT/artefact.log" ;;
+            -o /tmp/r50-artefact && load_start=$(date +%s.%N) && python3 -m sparsecnn.cli load /tmp/r50-artefact \
+            && echo "load process wall: $(echo "$(date +%s.%N) - $load_start" | bc) s (imports included)"; } \
+            >>"$OUT/artefact.log" 2>&1 || echo "artefact: failed"
+        grep -E "^loaded|wall|Error|tune" "$OUT/artefact.log" ;;
     tests-api)  # the GPU tests above the kernels: ops (every backend through its op), nn, tuning, artefacts
         timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
             -o faulthandler_timeout=120 tests/test_ops.py tests/test_nn.py tests/test_autotune.py tests/test_artifact.py \
