@@ -78,7 +78,7 @@ m = build_model('resnet50'); apply_dlmc_(m, 'magnitude_pruning-0.9', 0); torch.s
             /tmp/r50-dlmc.pt >"$OUT/artefact.log" 2>&1
         { python3 -m sparsecnn.cli compile /tmp/r50-dlmc.pt --model resnet50 --input-shape 32,3,224,224 \
             -o /tmp/r50-artefact && load_start=$(date +%s.%N) && python3 -m sparsecnn.cli load /tmp/r50-artefact \
-            && echo "load process wall: $(echo "$(date +%s.%N) - $load_start" | bc) s (imports included)"; } \
+            && echo "load process wall: $(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 2))" "$load_start") s (imports included)"; } \
             >>"$OUT/artefact.log" 2>&1 || echo "artefact: failed"
         grep -E "^loaded|wall|Error|tune" "$OUT/artefact.log" ;;
     tests-api)  # the GPU tests above the kernels: ops (every backend through its op), nn, tuning, artefacts
