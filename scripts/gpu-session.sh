@@ -5,7 +5,7 @@
 # Usage: OUT=out SPARSECNN_COMMIT=<hash> bash scripts/gpu-session.sh STAGE...
 #   <hash>: the commit as `git rev-parse --short HEAD` prints it on the machine that sent the tree,
 #   written literally into the command (the device's copy of .git can be stale).
-#   stages: model (MODEL_ARGS) models-sweep artefact tests tests-api tests-tune codegen codegen-r50 profile reprune models models-more
+#   stages: model (MODEL_ARGS) models-sweep artefact load-profile tests tests-api tests-tune codegen codegen-r50 profile reprune models models-more
 SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
@@ -81,6 +81,12 @@ m = build_model('resnet50'); apply_dlmc_(m, 'magnitude_pruning-0.9', 0); torch.s
             && echo "load process wall: $(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 2))" "$load_start") s (imports included)"; } \
             >>"$OUT/artefact.log" 2>&1 || echo "artefact: failed"
         grep -E "^loaded|wall|Error|tune" "$OUT/artefact.log" ;;
+    load-profile)  # where loading the artefact of stage `artefact` goes (cProfile; run after `artefact`)
+        python3 -m cProfile -o /tmp/load.prof -m sparsecnn.cli load /tmp/r50-artefact >/dev/null 2>&1 \
+            || echo "load-profile: load failed"
+        python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(60)" \
+            /tmp/load.prof >"$OUT/load-profile.txt" 2>&1
+        head -n 40 "$OUT/load-profile.txt" | tail -n 30 ;;
     tests-api)  # the GPU tests above the kernels: ops (every backend through its op), nn, tuning, artefacts
         timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
             -o faulthandler_timeout=120 tests/test_ops.py tests/test_nn.py tests/test_autotune.py tests/test_artifact.py \
