@@ -19,7 +19,7 @@ from sparsecnn.artifact import ArtifactError, compile_model, load
 from sparsecnn.artifact.codegen_files import install_codegen, record_codegen
 from sparsecnn.artifact.loading import _skeleton
 from sparsecnn.artifact.manifest import MANIFEST, publish, read_manifest, verify_files
-from sparsecnn.artifact.packing import decode_packed, encode_packed
+from sparsecnn.artifact.packing import _is_on, decode_packed, encode_packed
 from sparsecnn.artifact.tensors import file_record
 from sparsecnn.cli import main
 from sparsecnn.formats.ell import OffsetCSRWeight, UniformELLWeight
@@ -246,6 +246,14 @@ def test_a_pickled_object_payload_is_refused(tmp_path):
     assert not marker.exists()
 
 
+def test_tensors_on_the_layers_device_type_are_stored_as_on_the_device():
+    # compile_model's device is often "cuda" (no index) while the tensors are on cuda:0
+    assert _is_on(torch.device("cuda", 0), torch.device("cuda"))
+    assert _is_on(torch.device("cuda", 1), torch.device("cuda", 1))
+    assert not _is_on(torch.device("cuda", 1), torch.device("cuda", 0))
+    assert not _is_on(torch.device("cpu"), torch.device("cuda"))
+
+
 def test_a_packed_tree_may_only_name_sparsecnn_dataclasses():
     for name in ("os:system", "collections:OrderedDict", "sparsecnn.nn:SparseConv2d"):
         with pytest.raises(ArtifactError, match=name):
@@ -394,6 +402,9 @@ def test_gpu_resnet18_cifar_auto_round_trip(tmp_path):
     shape = [8, 3, 32, 32]
     tuned = compile_model(copy.deepcopy(model), None, shape, "fp32", None, out, model_name="resnet18-cifar",
                           device="cuda", cache_dir=tmp_path / "cache", progress=False)
+    entries = read_manifest(out)["layers"].values()
+    stored = [entry for entry in entries if entry["backend"] in ("direct", "blocks")]
+    assert all(entry["packed"] is not None for entry in stored), [entry["packed_note"] for entry in stored]
     loaded = _timed_load(out, timer=ForbiddenTimer())
     assert loaded.sparsecnn_retuned is None and next(loaded.parameters()).is_cuda
     x = torch.randn(shape, device="cuda")

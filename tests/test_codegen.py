@@ -285,6 +285,23 @@ def test_second_compile_hits_the_cache_and_the_key_follows_the_config(tmp_path):
 
 
 @needs_tools
+def test_a_cached_template_is_found_without_generating_its_source(tmp_path, monkeypatch):
+    cache = toolchain.DiskCache(tmp_path)
+    weight = sparse(SMALL.weight_shape, 0.5)
+    first = codegen.compile_conv(weight, SMALL, SMALL_CONFIG, cache=cache)
+
+    def no_source(*args, **kwargs):
+        raise AssertionError("generated the source of a cached template")
+
+    monkeypatch.setattr(codegen, "kernel_source", no_source)
+    other_layer = dataclasses.replace(SMALL, N=SMALL.N + 3, name="another layer of the same shape")
+    again = codegen.compile_conv(weight, other_layer, SMALL_CONFIG, cache=cache)
+    assert again.report.cache_hits == 2 and again.cubins == first.cubins
+    with pytest.raises(AssertionError, match="generated the source"):  # another plan: a new template
+        codegen.compile_conv(weight, SMALL, dataclasses.replace(SMALL_CONFIG, tx=16, ty=2), cache=cache)
+
+
+@needs_tools
 def test_emit_mode_compiles_only_the_nonzero_terms(cache):
     weight = sparse(SMALL.weight_shape, 0.5)
     config = dataclasses.replace(SMALL_CONFIG, mode="emit")

@@ -39,6 +39,11 @@ def _permutation(tensor: torch.Tensor) -> Optional[List[int]]:
     return order if tensor.permute(order).is_contiguous() else None
 
 
+def _is_on(place: torch.device, device: torch.device) -> bool:
+    """Whether `place` is `device`, where a device without an index ("cuda") means any of its type."""
+    return place.type == device.type and (device.index is None or place.index == device.index)
+
+
 class _Encoder:
     def __init__(self, prefix: str, device: torch.device, tensors: Dict[str, torch.Tensor]):
         self.prefix, self.device, self.tensors = prefix, device, tensors
@@ -53,7 +58,7 @@ class _Encoder:
             key = f"{self.prefix}{len(self.tensors)}"
             self.tensors[key] = stored.contiguous()
             self.seen[identity] = key
-        on = "device" if tensor.device == self.device else "cpu"
+        on = "device" if _is_on(tensor.device, self.device) else "cpu"
         if on == "cpu" and tensor.device.type != "cpu":
             raise Unencodable(f"a tensor on {tensor.device} while the layer is on {self.device}")
         return {"tensor": key, "perm": perm, "on": on}

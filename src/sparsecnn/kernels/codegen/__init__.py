@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from ...layers import ConvSpec
-from . import toolchain
-from . import half2, template
+from ...layers import spec as spec_module
+from . import half2, template, toolchain
+from . import plan as plan_module
 from .plan import (DEFAULT_MAX_KERNEL_FMAS, CodegenConfig, KernelPlan, candidate_configs, default_config,
                    dtype_name, make_plan)
 from .ptx_rewrite import RewriteError, RewriteStats, placeholder_sites, rewrite_ptx
@@ -108,6 +111,23 @@ class Template:
     cached: bool
 
 
+@functools.lru_cache(maxsize=1)
+def _generator_digest() -> str:
+    """Digest of the code that turns a plan into a template's source (this package's generator
+    modules and the ConvSpec it reads): a template's cache key names its plan, not its source."""
+    modules = (template, half2, plan_module, spec_module)
+    return toolchain.cache_key(*(Path(module.__file__).read_bytes() for module in modules))
+
+
+def _template_key(plan: KernelPlan) -> str:
+    """Cache key of `plan`'s placeholder PTX: the plan without what the source does not depend on
+    (the batch and the layer's name), the generator's digest and the toolchain. Generating the
+    source of a large template takes ~0.2 s, which loading a cached layer would otherwise pay."""
+    spec = dataclasses.replace(plan.spec.with_batch(0), name="")
+    return toolchain.cache_key("template", repr(dataclasses.replace(plan, spec=spec)), _generator_digest(),
+                               toolchain.toolchain_id())
+
+
 def compile_template(plan: KernelPlan, cache: Optional[DiskCache] = None) -> Template:
     """The placeholder PTX of `plan` (from the disk cache, else nvcc).
 
@@ -115,12 +135,11 @@ def compile_template(plan: KernelPlan, cache: Optional[DiskCache] = None) -> Tem
     weight operand (nvcc neither merged nor duplicated any), else RewriteError.
     """
     cache = cache or DiskCache()
-    source = kernel_source(plan)
-    key = toolchain.cache_key("template", source, toolchain.toolchain_id())
+    key = _template_key(plan)
     cached = cache.get(key, "ptx")
     if cached is not None:
         return Template(cached.decode(), key, 0.0, True)
-    ptx, seconds = toolchain.nvcc_ptx(source)
+    ptx, seconds = toolchain.nvcc_ptx(kernel_source(plan))
     sites = placeholder_sites(ptx, frozenset(placeholders(plan).tolist()))
     wrong = {bits: count for bits, count in sites.items() if count != 1}
     if len(sites) != plan.template_fmas or wrong:
