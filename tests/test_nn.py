@@ -195,3 +195,14 @@ def test_sparsify_auto_on_cuda_matches_dense(monkeypatch):
         sparse = sparsify_(model, x)
         assert relative_error(sparse(x), ref) < 1e-5
     assert all(m.timings for m in sparse.modules() if isinstance(m, SparseConv2d))
+
+
+def test_bound_weights_are_marked_static_as_dynamo_marks_them():
+    # SparseConv2d marks CUDA weights itself until torch._dynamo is imported (1-5 s to import)
+    import torch._dynamo
+
+    from sparsecnn.nn.sparse_conv import STATIC_INPUT_TYPE
+
+    marked = torch.zeros(2)
+    torch._dynamo.mark_static_address(marked)
+    assert marked._dynamo_static_input_type == STATIC_INPUT_TYPE

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from typing import Any, Optional, Tuple
 
@@ -15,6 +16,7 @@ from ..kernels.configs import check_residual
 from ..layers import ConvSpec
 
 ACTIVATIONS = ("none", "relu")
+STATIC_INPUT_TYPE = "unguarded"  # what torch._dynamo.mark_static_address(t) sets as t._dynamo_static_input_type
 
 
 def _pair(value, conv_dims: int, height_value: int) -> Tuple[int, int]:
@@ -291,10 +293,14 @@ class _Binding:
 
 def _mark_static(tensors) -> None:
     """Tell torch.compile's CUDA graphs that the bound weight tensors keep their addresses (they
-    would be copied into the graph's own buffers on every replay otherwise)."""
-    cuda = [t for t in tensors if t is not None and t.is_cuda]
-    if cuda:
-        import torch._dynamo  # ~1 s to import: only for CUDA layers, once
+    would be copied into the graph's own buffers on every replay otherwise).
 
-        for tensor in cuda:
-            torch._dynamo.mark_static_address(tensor)
+    Sets what `torch._dynamo.mark_static_address(t)` sets when dynamo is not imported yet:
+    importing it costs 1-5 s, most of loading an artefact (a test checks the two agree)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    for tensor in tensors:
+        if tensor is not None and tensor.is_cuda:
+            if dynamo is not None:
+                dynamo.mark_static_address(tensor)
+            else:
+                tensor._dynamo_static_input_type = STATIC_INPUT_TYPE
