@@ -216,6 +216,18 @@ def _write_many(directory, key, writer, count):
         cache.store(key, CachedDecision("dense", None, float(writer * 1000 + i), 1.0, {"dense": 1.0}))
 
 
+def test_an_entry_written_while_looking_up_is_not_taken_for_another_environments(tmp_path):
+    # lookup checks for its own file, then scans for other environments' files: a process that
+    # stores the layer in between must not make the scan report "another environment"
+    x, weight, bias, spec = _layer()
+    key = layer_key(spec, "fp32", weight, True, "none", False, [])
+    cache = TuneCache(tmp_path, ENV_A)
+    cache.store(key, CachedDecision("dense", None, 1.0, 1.0, {"dense": 1.0}))
+    assert cache._elsewhere(key) is None
+    TuneCache(tmp_path, ENV_B).store(key, CachedDecision("dense", None, 1.0, 1.0, {"dense": 1.0}))
+    assert "another environment" in cache._elsewhere(key)
+
+
 def test_concurrent_writers_never_leave_a_corrupt_file(tmp_path):
     x, weight, bias, spec = _layer()
     key = layer_key(spec, "fp32", weight, True, "none", False, [])

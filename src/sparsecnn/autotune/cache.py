@@ -139,13 +139,14 @@ class TuneCache:
         return decision, None
 
     def _elsewhere(self, key: Dict[str, Any]) -> Optional[str]:
-        """Why a layer with no entry here has entries for other environments, or None if it has none."""
+        """Why a layer with no entry here has entries for other environments, or None if it has none.
+        Our own entry may appear meanwhile (another process just tuned the layer): not "elsewhere"."""
         for other in sorted(self.directory.glob(f"{_digest(key)}-*.json")):
             try:
                 environment = json.loads(other.read_text()).get("environment")
             except (OSError, UnicodeDecodeError, ValueError, AttributeError):
                 continue
-            if isinstance(environment, dict):
+            if isinstance(environment, dict) and environment != self.environment:
                 return f"cached only for another environment ({describe_difference(environment, self.environment)})"
         return None
 
