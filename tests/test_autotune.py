@@ -7,6 +7,7 @@ import logging
 import math
 import multiprocessing
 import threading
+import time
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch import nn
 
 from conftest import sparse_weight
 from sparsecnn import SparseConv2d, sparsify_
-from sparsecnn.autotune import (POLICIES, Candidate, LayerResult, TuneCache, TuneReport, candidates_for,
+from sparsecnn.autotune import (POLICIES, Candidate, LayerResult, PhaseClock, TuneCache, TuneReport, candidates_for,
                                 layer_key, pick_fastest, tune_layer)
 from sparsecnn.autotune.cache import CachedDecision
 from sparsecnn.autotune.precision import uses_tf32
@@ -259,6 +260,7 @@ def test_policies_offer_only_the_precisions_they_allow(device_type):
         return
     tf32 = [c for c in offered["tf32"] if uses_tf32(c.backend, c.config)]
     assert Candidate("dense-tf32") in tf32 and any(c.backend == "blocks" for c in tf32)
+    assert any(c.backend == "blocks" and c.config.precision == "tf32x3" for c in offered["fp32"])  # fp32-level
     assert set(offered["fp32"]) < set(offered["tf32"])
     assert Candidate("dense-channels-last") in offered["fp16"]
     assert not any(c.backend == "dense-channels-last" for c in offered["fp32"])
@@ -290,6 +292,30 @@ def test_autotune_model_reuses_the_cache_and_reports_the_error(tmp_path):
     second_timer = FakeTimer()
     again = autotune_model(untuned, x, cache_dir=tmp_path, timer=second_timer, progress=False)
     assert second_timer.probed == [] and [layer.cache for layer in again.layers] == ["hit", "hit"]
+
+
+def test_autotune_model_reports_where_the_tuning_time_went(tmp_path):
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    report = autotune_model(model, x, cache_dir=tmp_path, timer=FakeTimer(), progress=False)
+    phases = report.phase_s
+    assert {"reference pass", "prefetch", "bind dense", "bind im2col-cusparse", "first calls", "probes",
+            "benchmarks", "layers", "model check", "total"} <= set(phases)
+    assert all(seconds >= 0 for seconds in phases.values())
+    inside_layers = sum(phases[name] for name in phases if name.startswith("bind ")) + phases["first calls"]
+    assert inside_layers <= phases["layers"] <= phases["total"]
+    assert list(phases)[-1] == "total" and "tuning time: reference pass" in report.format()
+    cached = autotune_model(copy.deepcopy(model), x, cache_dir=tmp_path, timer=FakeTimer(), progress=False)
+    assert "first calls" not in cached.phase_s and "layers" in cached.phase_s
+
+
+def test_phase_clock_sums_repeated_phases():
+    clock = PhaseClock()
+    for _ in range(3):
+        with clock.phase("a"):
+            time.sleep(0.01)
+    with pytest.raises(ValueError), clock.phase("b"):
+        raise ValueError("counted anyway")
+    assert list(clock.seconds) == ["a", "b"] and clock.seconds["a"] >= 0.03
 
 
 @pytest.mark.parametrize("model_ms, kept", [({"model:tuned": 3.0, "model:dense": 4.0}, "tuned"),

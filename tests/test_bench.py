@@ -134,6 +134,7 @@ def test_bench_model_lenet5():
         assert row["rel_err"] < 1e-5 and row["median_ms"] > 0
     choices = rows[1]["config"]
     assert set(choices["layers"]) == {"conv1", "conv2"} and choices["tune_s"] > 0
+    assert choices["tune_phases_s"]["layers"] <= choices["tune_phases_s"]["total"] and choices["tune_phases_s"]["total"] > 0
     assert choices["conv_ms"] > 0 and choices["dense_conv_ms"] > 0
 
 

@@ -22,7 +22,7 @@ gpu = pytest.mark.gpu
 if INTERPRET or torch.cuda.is_available():
     kernels = pytest.importorskip("sparsecnn.kernels.triton.blocks_conv")
     BlocksConfig, BlocksWeight = kernels.BlocksConfig, kernels.BlocksWeight
-    blocks_conv2d, candidate_configs = kernels.blocks_conv2d, kernels.candidate_configs
+    blocks_conv2d, candidate_configs, PRECISIONS = kernels.blocks_conv2d, kernels.candidate_configs, kernels.PRECISIONS
 
 # Triton's interpreter converts a tensor loop bound with int() on a 1-element array (numpy warns).
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -117,7 +117,7 @@ def expected(x, weight, bias, stride, padding):
 
 
 def all_configs(spec=SMALL):
-    return candidate_configs(spec, torch.float32) + candidate_configs(spec, torch.float32, "tf32")
+    return [config for precision in PRECISIONS for config in candidate_configs(spec, torch.float32, precision)]
 
 
 def decode(packed) -> torch.Tensor:
@@ -296,14 +296,14 @@ def test_blocks_config_validation_names_the_field():
 @needs_interpreter
 def test_candidate_configs():
     for spec in (SMALL, ConvSpec(32, 256, 512, 14, 14, 3, 3, 1, 1), ConvSpec(1, 8, 16, 5, 5, 1, 1)):
-        for dtype, precision in [(torch.float32, None), (torch.float32, "tf32"), (torch.float16, None),
-                                 (torch.bfloat16, "tf32")]:
+        for dtype, precision in [(torch.float32, None), (torch.float32, "tf32"), (torch.float32, "ieee"),
+                                 (torch.float16, None), (torch.bfloat16, "tf32")]:
             configs = candidate_configs(spec, dtype, precision)
             assert 1 <= len(configs) <= 6 and len(set(configs)) == len(configs)
-            expected_precision = "tf32" if dtype == torch.float32 and precision == "tf32" else "ieee"
+            expected_precision = (precision or "tf32x3") if dtype == torch.float32 else "ieee"
             assert all(c.precision == expected_precision for c in configs)
             assert all(c.block_m <= max(16, 1 << (spec.K - 1).bit_length()) for c in configs)
-            assert configs[0].t2 == (12 if dtype == torch.float32 and precision is None else 8)
+            assert configs[0].t2 == (12 if expected_precision == "ieee" and dtype == torch.float32 else 8)
     with pytest.raises(ValueError, match="precision"):
         candidate_configs(SMALL, torch.float32, "fp64")
 
@@ -361,7 +361,7 @@ def test_every_candidate_config(case):
     ref = expected(x, weight, bias, stride, padding)
     for config in all_configs():
         y, packed = run(x, weight, bias, stride, padding, config)
-        # The interpreter multiplies tf32 dots in fp32, so both precisions are exact here.
+        # The interpreter multiplies tf32 and tf32x3 dots in fp32, so every precision is exact here.
         assert relative_error(y, ref) < 1e-5, config
 
 
@@ -470,7 +470,8 @@ def test_backend_prepare_run_and_sparse_conv():
 
 # --- GPU ----------------------------------------------------------------------------------
 
-GPU_MODES = [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.float16, None), (torch.bfloat16, None)]
+GPU_MODES = [(torch.float32, "ieee"), (torch.float32, "tf32x3"), (torch.float32, "tf32"), (torch.float16, None),
+             (torch.bfloat16, None)]
 
 
 def cudnn_error(x, weight, bias, stride, padding, tf32: bool):
@@ -501,6 +502,8 @@ def tf32_rounding_error(x, weight, bias, stride, padding):
 def gpu_limit(x, weight, bias, stride, padding, dtype, precision):
     if dtype == torch.float32 and precision == "ieee":
         return 1e-5
+    if dtype == torch.float32 and precision == "tf32x3":  # fp32-level: the fp32 policy's default
+        return 2 * cudnn_error(x, weight, bias, stride, padding, tf32=False) + 1e-6
     if dtype == torch.float32:
         return 2 * tf32_rounding_error(x, weight, bias, stride, padding) + 1e-5
     return 2 * cudnn_error(x, weight, bias, stride, padding, tf32=False) + 1e-5

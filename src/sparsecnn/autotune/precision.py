@@ -3,7 +3,9 @@
 Tuning and the final accuracy check run with the global TF32 flags off (`tf32_flags(False)`), so
 that `dense`, `im2col-cublas` and every other candidate compute exactly what their dtype says; a
 TF32 candidate (backend `dense-tf32`, or a config whose `precision` field is "tf32") turns TF32 on
-for its own kernel only, and is offered only under the "tf32" policy. Layers left on `dense` run
+for its own kernel only, and is offered only under the "tf32" policy. The "fp32" policy admits
+fp32-level products only: FMA units, or 3xTF32 on tensor cores (a `precision` of "tf32x3": three
+TF32 products per fp32 product, error within ~2x of cuDNN fp32's). Layers left on `dense` run
 exact fp32 at inference only while torch.backends.cudnn.allow_tf32 is False (PyTorch's default
 is True): set it for exact results outside tuning.
 """
@@ -16,7 +18,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 TF32_BACKENDS = frozenset({"dense-tf32"})  # backends whose fp32 products are rounded to TF32
-_PRECISION_FIELD = "precision"  # configs with this field ("ieee" / "tf32") choose it per config
+_PRECISION_FIELD = "precision"  # configs with this field ("ieee" / "tf32x3" / "tf32") choose it per config
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any, Dict, List, Optional
 
 from ..layers import ConvSpec
+from .phases import format_phases
 
 
 @dataclasses.dataclass
@@ -61,7 +62,8 @@ class TuneReport:
     """The decisions for a model: one `LayerResult` per tuned conv (in call order), the precision
     policy name, the max relative error of the tuned model's outputs against the original model's
     (None when not checked), the conv layers the example input never reached, the cache dir, and
-    the whole-model check against dense (None when not run). The layer results are the per-layer
+    the whole-model check against dense (None when not run), and the wall seconds of each phase of
+    tuning (`PhaseClock.seconds`; "total" is the whole call). The layer results are the per-layer
     decisions; when the check kept dense, the layers run `model_check.dense_backend` instead."""
 
     layers: List[LayerResult]
@@ -70,6 +72,7 @@ class TuneReport:
     unreached: List[str] = dataclasses.field(default_factory=list)
     cache_dir: Optional[str] = None
     model_check: Optional[ModelCheck] = None
+    phase_s: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def total_ms(self) -> float:
@@ -98,6 +101,8 @@ class TuneReport:
             lines.append(f"max relative error of the outputs vs the original model: {self.max_rel_error:.2e}")
         if self.model_check is not None:
             lines.append(self.model_check.format())
+        if self.phase_s:
+            lines.append("tuning time: " + format_phases(self.phase_s))
         if self.unreached:
             lines.append(f"not reached by the example inputs (left as they were): {', '.join(self.unreached)}")
         return "\n".join(lines)

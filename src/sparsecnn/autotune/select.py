@@ -10,6 +10,7 @@ import torch
 
 from ..backends import backend_names, config_to_dict, get_backend
 from ..layers import ConvSpec
+from .phases import PhaseClock
 from .precision import PrecisionPolicy, tf32_variant, uses_tf32
 from .timing import benchmark, time_one_call
 
@@ -182,7 +183,7 @@ def _to_measure(probes: Dict[Candidate, float], drop_ratio: float, measure_top: 
 def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], spec: ConvSpec,
                  candidates: List[Candidate], timer: Timer, drop_ratio: float = DEFAULT_DROP_RATIO,
                  relu: bool = False, residual: Optional[torch.Tensor] = None,
-                 measure_top: int = DEFAULT_MEASURE_TOP) -> Selection:
+                 measure_top: int = DEFAULT_MEASURE_TOP, clock: Optional[PhaseClock] = None) -> Selection:
     """Time each candidate on input `x` (N, C, H, W) and weight (K, C // groups, R, S).
 
     Each is first run once untimed (all first calls before any timing, several at a time on CUDA,
@@ -190,30 +191,37 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     `drop_ratio` x the fastest one run, is dropped. Fully benchmarked (`timer.measure`): the dense
     candidates (always the `dense` baseline) and the `measure_top` fastest others by their probe.
     relu / residual (None or the output's shape): the fused epilogue every candidate computes.
-    Raises RuntimeError when no candidate runs.
+    clock: gets the wall seconds of each stage ("bind <backend>": packing the weight and binding,
+    which includes waiting for prefetched work; "first calls": the compiles; "probes";
+    "benchmarks"). Raises RuntimeError when no candidate runs.
     """
     if measure_top < 1:
         raise ValueError(f"measure_top must be >= 1, got {measure_top}")
+    clock = clock or PhaseClock()
     runners: Dict[Candidate, Callable[[], torch.Tensor]] = {}
     dropped: Dict[str, str] = {}
     for candidate in candidates:
         try:  # packing can refuse a weight (e.g. a format's size limit)
-            runners[candidate] = _runner(candidate, x, weight, bias, spec, relu, residual)
+            with clock.phase(f"bind {candidate.backend}"):
+                runners[candidate] = _runner(candidate, x, weight, bias, spec, relu, residual)
         except Exception as error:  # noqa: BLE001
             dropped[candidate.label()] = _error_text(error)
-    _first_calls(runners, x.device, dropped)
+    with clock.phase("first calls"):
+        _first_calls(runners, x.device, dropped)
     probes: Dict[Candidate, float] = {}
-    for candidate, runner in runners.items():
-        try:
-            probes[candidate] = timer.probe(candidate, runner)
-        except Exception as error:  # noqa: BLE001
-            dropped[candidate.label()] = _error_text(error)
+    with clock.phase("probes"):
+        for candidate, runner in runners.items():
+            try:
+                probes[candidate] = timer.probe(candidate, runner)
+            except Exception as error:  # noqa: BLE001
+                dropped[candidate.label()] = _error_text(error)
     times: Dict[str, float] = {}
-    for candidate in _to_measure(probes, drop_ratio, measure_top, dropped):
-        try:
-            times[candidate.label()] = timer.measure(candidate, runners[candidate])
-        except Exception as error:  # noqa: BLE001
-            dropped[candidate.label()] = _error_text(error)
+    with clock.phase("benchmarks"):
+        for candidate in _to_measure(probes, drop_ratio, measure_top, dropped):
+            try:
+                times[candidate.label()] = timer.measure(candidate, runners[candidate])
+            except Exception as error:  # noqa: BLE001
+                dropped[candidate.label()] = _error_text(error)
     by_label = {candidate.label(): candidate for candidate in candidates}
     if not times:
         raise RuntimeError(f"no candidate ran for {spec}: " + "; ".join(f"{k}: {v}" for k, v in dropped.items()))

@@ -9,6 +9,7 @@ import torch
 from ..layers import ConvSpec
 from .cache import CachedDecision, TuneCache, layer_key
 from .precision import PrecisionPolicy, tf32_flags
+from .phases import PhaseClock
 from .report import LayerResult
 from .select import BASELINE, DEFAULT_DROP_RATIO, Candidate, Timer, pick_fastest
 
@@ -28,14 +29,15 @@ def _offered(decision: CachedDecision, candidates: List[Candidate]) -> Optional[
 def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], spec: ConvSpec,
                policy: PrecisionPolicy, candidates: List[Candidate], timer: Timer,
                cache: Optional[TuneCache] = None, retune: bool = False, drop_ratio: float = DEFAULT_DROP_RATIO,
-               activation: str = "none", residual: Optional[torch.Tensor] = None) -> LayerResult:
+               activation: str = "none", residual: Optional[torch.Tensor] = None,
+               clock: Optional[PhaseClock] = None) -> LayerResult:
     """The fastest of `candidates` for one layer, from `cache` when it holds a usable decision.
 
     x: the layer's input (N, C, H, W) in `policy.dtype`; weight: masked (K, C // groups, R, S);
     bias: (K,) or None; activation ("none" or "relu") and residual (None or the output's shape) are
     the fused epilogue every candidate runs with. retune: time even when a decision is cached.
     Timing runs with the global TF32 flags off (see `precision`). The result's `cache_note` says why
-    an entry on disk was not used, when one existed.
+    an entry on disk was not used, when one existed. clock: see `pick_fastest`.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -51,7 +53,8 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
         if decision is not None:
             note = f"the cached choice {decision.backend} {decision.config} is not among this run's candidates"
     with tf32_flags(False):
-        selection = pick_fastest(x, weight, bias, spec, candidates, timer, drop_ratio, activation == "relu", residual)
+        selection = pick_fastest(x, weight, bias, spec, candidates, timer, drop_ratio, activation == "relu", residual,
+                                 clock=clock)
     dense_ms = selection.times_ms.get(Candidate(BASELINE).label(), float("nan"))
     best = selection.best
     if cache is not None:

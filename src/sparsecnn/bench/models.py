@@ -120,7 +120,8 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     """The sparse row's `config`: {"layers": {module path: {"backend", "config", "ms", "dense_ms"}},
     "tune_s": seconds spent in `sparsify_`, "conv_ms" / "dense_conv_ms": the tuned convs' summed
     times and the same convs run densely (per-layer medians from tuning; null when not tuned),
-    "model_check": the whole-model check against dense (`autotune.ModelCheck` as a dict, or null);
+    "model_check": the whole-model check against dense (`autotune.ModelCheck` as a dict, or null),
+    "tune_phases_s": where the tuning time went (`TuneReport.phase_s`, rounded; {} when not tuned);
     `_variant` adds "backends", the sparse backends tuning was limited to (null: all)}."""
     report = getattr(model, "sparsecnn_report", None)
     timed = {} if report is None else {layer.name: layer for layer in report.layers}
@@ -132,7 +133,8 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
                             "ms": None if result is None else result.time_ms,
                             "dense_ms": None if result is None else result.dense_ms}
     check = None if report is None or report.model_check is None else dataclasses.asdict(report.model_check)
-    return {"layers": layers, "tune_s": round(tune_s, 3), "model_check": check,
+    phases = {} if report is None else {name: round(value, 2) for name, value in report.phase_s.items()}
+    return {"layers": layers, "tune_s": round(tune_s, 3), "model_check": check, "tune_phases_s": phases,
             "conv_ms": sum(layer.time_ms for layer in timed.values()) if timed else None,
             "dense_conv_ms": sum(layer.dense_ms for layer in timed.values()) if timed else None}
 

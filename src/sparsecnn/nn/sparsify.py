@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..autotune import (DEFAULT_DROP_RATIO, Candidate, MeasuringTimer, ModelCheck, PrecisionPolicy, Timer, TuneCache,
-                        TuneReport, candidates_for, environment_fingerprint, resolve_policy, tf32_flags, tune_layer)
+from ..autotune import (DEFAULT_DROP_RATIO, Candidate, MeasuringTimer, ModelCheck, PhaseClock, PrecisionPolicy, Timer,
+                        TuneCache, TuneReport, candidates_for, environment_fingerprint, resolve_policy, tf32_flags, tune_layer)
 from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
 from ..kernels.reference import relative_error
@@ -151,28 +151,33 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     cache = TuneCache(cache_dir, environment_fingerprint(device))
     timer = timer or MeasuringTimer(device)
     show = sys.stderr.isatty() if progress is None else progress
-    with torch.no_grad(), tf32_flags(False):
-        originals = dict(_selected(model, filter_fn))
-        reference, input_shapes = _run_recording_input_shapes(model, inputs, originals)
-        model.to(policy.dtype)
-        layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
-        for name, layer in layers.items():
-            if layer is not originals[name]:
-                _replace(model, name, layer)
-        _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends)
-        tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio,
-                              tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show))
-        output = tuning.run(model, _cast(inputs, policy.dtype))
-    unreached = [name for name in layers if name not in tuning.results]
-    for name in unreached:
-        if layers[name] is not originals[name]:
-            _replace(model, name, originals[name])
-    _log_notes(tuning.results.values())
-    tuned = {name: layers[name] for name in tuning.results}
-    with torch.no_grad(), tf32_flags(False):
-        check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, policy, device.type, timer)
+    clock = PhaseClock()
+    with clock.phase("total"):
+        with torch.no_grad(), tf32_flags(False):
+            originals = dict(_selected(model, filter_fn))
+            with clock.phase("reference pass"):
+                reference, input_shapes = _run_recording_input_shapes(model, inputs, originals)
+            model.to(policy.dtype)
+            layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
+            for name, layer in layers.items():
+                if layer is not originals[name]:
+                    _replace(model, name, layer)
+            with clock.phase("prefetch"):
+                _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends)
+            tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio,
+                                  tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show), clock)
+            with clock.phase("layers"):
+                output = tuning.run(model, _cast(inputs, policy.dtype))
+        unreached = [name for name in layers if name not in tuning.results]
+        for name in unreached:
+            if layers[name] is not originals[name]:
+                _replace(model, name, originals[name])
+        _log_notes(tuning.results.values())
+        tuned = {name: layers[name] for name in tuning.results}
+        with torch.no_grad(), tf32_flags(False), clock.phase("model check"):
+            check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, policy, device.type, timer)
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
-                      str(cache.directory), check)
+                      str(cache.directory), check, clock.seconds)
 
 
 def _dense_backend(policy: PrecisionPolicy, device_type: str) -> str:
@@ -242,9 +247,10 @@ class _LayerTuning:
 
     def __init__(self, layers: Dict[str, SparseConv2d], masks: Dict[str, torch.Tensor], policy: PrecisionPolicy,
                  backends: Optional[List[str]], cache: TuneCache, timer: Timer, retune: bool, drop_ratio: float,
-                 bar: tqdm):
+                 bar: tqdm, clock: PhaseClock):
         self.layers, self.masks, self.policy, self.backends = layers, masks, policy, backends
         self.cache, self.timer, self.retune, self.drop_ratio, self.bar = cache, timer, retune, drop_ratio, bar
+        self.clock = clock
         self.results = {}
 
     def run(self, model: nn.Module, inputs: tuple):
@@ -275,7 +281,7 @@ class _LayerTuning:
         result = tune_layer(name, as_2d(x), layer._weight_4d().detach().contiguous(), layer.bias, spec, self.policy,
                             candidates_for(spec, self.policy, x.device.type, self.backends), self.timer,
                             self.cache, self.retune, self.drop_ratio, layer.activation,
-                            None if residual is None else as_2d(residual))
+                            None if residual is None else as_2d(residual), self.clock)
         layer._set_backend(result.backend, result.config)
         layer.timings = {**{label: math.nan for label in result.dropped}, **result.times_ms}
         return result

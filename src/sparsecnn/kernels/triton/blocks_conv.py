@@ -19,8 +19,9 @@ output channels x BLOCK_N pixels and computes it completely, in one store:
   * dense part: the tile's columns are the union of the columns of every block holding any of its
     rows; its dense BLOCK_M x width weight holds all non-zeros of the tile's rows in those
     columns (remainder non-zeros that fall there are absorbed: they are free, the cell was a
-    multiplied zero otherwise). tl.dot over it: tensor cores for fp16/bf16 and TF32, FMA for
-    exact fp32 ("ieee").
+    multiplied zero otherwise). tl.dot over it: tensor cores for fp16/bf16, TF32 and 3xTF32
+    ("tf32x3": each fp32 operand split into a TF32 high part and a TF32 low part, three MMAs per
+    product, fp32-level error: the default for fp32), FMA units for "ieee".
   * sparse part: the tile rows' other non-zeros as a row-wise ELL loop (every row of the tile
     advances one non-zero per step; rows padded to the tile's longest with zero weights).
   * the epilogue (bias, residual, ReLU), then one store. Rows in no block form tiles with only a sparse part, so every output
@@ -64,7 +65,7 @@ from ..configs import (check_kernel_shape, check_pow2_field, check_residual, che
                        int_pair, pow2_at_least, stride_padding)
 from .epilogue import store_epilogue
 
-PRECISIONS = ("ieee", "tf32")
+PRECISIONS = ("ieee", "tf32", "tf32x3")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
 _MAX_ACC_PER_THREAD = 128  # beyond this the accumulators alone spill registers
@@ -92,7 +93,7 @@ def _blocks_conv_kernel(
     ell_start: int32 (num_tiles + 1,) step ranges; ell_off / ell_val: (steps, BLOCK_M) int32
     input offsets / float32 weights.
     row_step = stride_h * Wp, col_step = stride_w: input distance between output rows / columns.
-    FP32_DOT: fp32 operands, multiplied as PRECISION says ("ieee" or "tf32").
+    FP32_DOT: fp32 operands, multiplied as PRECISION says ("ieee", "tf32" or "tf32x3").
 
     Pixels are dim 0 of every 2-D tensor: the gathered offsets hide contiguity from Triton,
     which then gives lanes to dim 0; this way a warp's lanes read consecutive pixels (coalesced)
@@ -162,8 +163,10 @@ class BlocksConfig:
     block_m: output channels per tile (16..128), block_n: pixels per tile (16..256),
     block_kred: reduction columns per dot step (16..64), all powers of two; num_warps: 1..8;
     num_stages: software-pipelining depth of the dot loop (1..5); precision: how fp32 inputs are
-    multiplied, "ieee" (exact, FMA) or "tf32" (tensor cores, inputs rounded to TF32). fp16/bf16
-    always use tensor cores, whose products are exact: their configs carry "ieee".
+    multiplied, "ieee" (FMA units), "tf32x3" (tensor cores, three TF32 products per fp32 product:
+    error within ~2x of cuDNN fp32's, checked by the GPU tests) or "tf32" (tensor cores, inputs
+    rounded to TF32). fp16/bf16 always use tensor cores, whose products are exact: their configs
+    carry "ieee".
     t2, block_m and block_kred shape the packed weight (`BlocksWeight`); the others only the launch.
     """
 
@@ -210,16 +213,16 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32,
                       precision: Optional[str] = None) -> List[BlocksConfig]:
     """Configs for the autotuner, default first; <= 6, distinct.
 
-    precision: for fp32, "ieee" (the default, so that autotuning never trades accuracy for
-    speed) or "tf32"; fp16/bf16 ignore it. The default tile is 64 channels x 64 pixels x 32
-    columns (4 warps: one Hopper warpgroup, a wgmma-sized M). Its t2 is 8 for tensor-core modes,
-    12 for exact fp32, where the dense part runs on FMA units and zeros in blocks cost as much as
-    non-zeros. The others: the three other t2 values, then a narrower (32 x 128) and a taller
+    precision: for fp32, "tf32x3" (the default: fp32-level error on tensor cores, so autotuning
+    never trades accuracy for speed), "ieee" or "tf32"; fp16/bf16 ignore it. The default tile is
+    64 channels x 64 pixels x 32 columns (4 warps: one Hopper warpgroup, a wgmma-sized M). Its t2
+    is 8 for tensor-core modes, 12 for "ieee", where the dense part runs on FMA units and zeros in
+    blocks cost as much as non-zeros. The others: the three other t2 values, then a narrower (32 x 128) and a taller
     (128 x 64, 8 warps) tile at the default t2. Tiles never exceed the layer's channel count
     (rounded up to a power of two).
     """
     if precision is None:
-        precision = "ieee"
+        precision = "tf32x3"
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if dtype != torch.float32:
