@@ -5,7 +5,7 @@
 # Usage: OUT=out SPARSECNN_COMMIT=<hash> bash scripts/gpu-session.sh STAGE...
 #   <hash>: the commit as `git rev-parse --short HEAD` prints it on the machine that sent the tree,
 #   written literally into the command (the device's copy of .git can be stale).
-#   stages: model (MODEL_ARGS) models-sweep artefact load-profile tests tests-api tests-tune codegen codegen-r50 profile reprune models models-more
+#   stages: model (MODEL_ARGS) models-sweep artefact load-profile tests tests-api tests-tune tests-files (TEST_FILES) codegen codegen-r50 profile reprune models models-more
 SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
@@ -72,15 +72,23 @@ for stage in "$@"; do
                 model resnet18-cifar 32 "$dtype" --sparsity "$sparsity" --modes cudagraph
             done
         done ;;
-    artefact)  # tune and write a DLMC ResNet-50 artefact, then load it in a fresh process (timed)
+    artefact)  # tune and write a DLMC ResNet-50 artefact, then load it in two fresh processes: the first under cProfile
         python3 -c "import sys, torch; from sparsecnn.models import build_model; from sparsecnn.prune import apply_dlmc_
 m = build_model('resnet50'); apply_dlmc_(m, 'magnitude_pruning-0.9', 0); torch.save(m.state_dict(), sys.argv[1])" \
             /tmp/r50-dlmc.pt >"$OUT/artefact.log" 2>&1
         { python3 -m sparsecnn.cli compile /tmp/r50-dlmc.pt --model resnet50 --input-shape 32,3,224,224 \
-            -o /tmp/r50-artefact && load_start=$(date +%s.%N) && python3 -m sparsecnn.cli load /tmp/r50-artefact \
-            && echo "load process wall: $(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 2))" "$load_start") s (imports included)"; } \
+            -o /tmp/r50-artefact && echo "first load (cProfile):" \
+            && python3 -m cProfile -o /tmp/load-first.prof -m sparsecnn.cli load /tmp/r50-artefact \
+            && load_start=$(date +%s.%N) && python3 -m sparsecnn.cli load /tmp/r50-artefact \
+            && echo "second load process wall: $(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 2))" "$load_start") s (imports included)"; } \
             >>"$OUT/artefact.log" 2>&1 || echo "artefact: failed"
-        grep -E "^loaded|wall|Error|tune" "$OUT/artefact.log" ;;
+        python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(70)" \
+            /tmp/load-first.prof >"$OUT/load-profile.txt" 2>&1
+        grep -E "^loaded|wall|Error|tune|first load" "$OUT/artefact.log" ;;
+    tests-files)  # the gpu tests of TEST_FILES
+        timeout "${TESTS_TIMEOUT_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
+            -o faulthandler_timeout=120 ${TEST_FILES:?set TEST_FILES} >"$OUT/gpu-tests.log" 2>&1
+        grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -n 20 ;;
     load-profile)  # where loading the artefact of stage `artefact` goes (cProfile; run after `artefact`)
         python3 -m cProfile -o /tmp/load.prof -m sparsecnn.cli load /tmp/r50-artefact >/dev/null 2>&1 \
             || echo "load-profile: load failed"

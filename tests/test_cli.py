@@ -30,6 +30,10 @@ def test_bench_layers_model_and_report(tmp_path, capsys):
                  "--device", "cpu", "--out", str(results)]) == 0
     assert main(["bench", "model", "lenet5", "--batch", "2", "--modes", "eager", "--backend", "im2col-cusparse",
                  "--device", "cpu", "--out", str(results)]) == 0
+    assert "tuning time:" not in capsys.readouterr().out
+    assert main(["bench", "model", "lenet5", "--batch", "2", "--modes", "eager", "--device", "cpu",
+                 "--out", str(results)]) == 0
+    assert "tuning time: reference pass" in capsys.readouterr().out
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     for row in rows:
         validate_row(row)

@@ -55,6 +55,7 @@ def _cmd_bench_layers(args) -> None:
 
 
 def _cmd_bench_model(args) -> None:
+    from .autotune.phases import format_phases
     from .bench import bench_model, markdown_table, write_jsonl
 
     rows = bench_model(args.name, batch=args.batch, dtype=args.dtype, sparsity=args.sparsity,
@@ -64,6 +65,9 @@ def _cmd_bench_model(args) -> None:
                        backends=_split(args.backends) if args.backends else None)
     write_jsonl(rows, args.out)
     print(markdown_table(rows))
+    phases = next((row["config"]["tune_phases_s"] for row in rows if row["backend"] != "cudnn"), None)
+    if phases:
+        print("tuning time: " + format_phases(phases))
     print(f"\n{len(rows)} rows appended to {args.out}")
 
 
