@@ -125,6 +125,9 @@ def test_resnet18_cifar_round_trip_is_bit_identical_and_matches_fp64(tmp_path, w
         assert torch.equal(loaded(x), tuned(x))
         assert relative_error(loaded(x), reference) < 1e-5
     assert loaded.sparsecnn_retuned is None
+    phases = loaded.sparsecnn_load_phases
+    assert {"read and verify files", "rebuild model", "environment check", "bind im2col-cublas"} <= set(phases)
+    assert "re-tuning" not in phases and max(phases.values()) == phases["total"]
     assert [(r.name, r.choice) for r in loaded.sparsecnn_report.layers] == \
            [(r.name, r.choice) for r in tuned.sparsecnn_report.layers]
     assert {r.cache for r in loaded.sparsecnn_report.layers} == {"artefact"}
@@ -186,6 +189,7 @@ def test_another_environment_retunes_and_says_why(tmp_path, change, reason):
         loaded = load(out, cache_dir=tmp_path / "other-cache", timer=timer, progress=False)
     assert reason in str(warned[0].message) and reason in loaded.sparsecnn_retuned
     assert timer.calls > 0 and {r.cache for r in loaded.sparsecnn_report.layers} == {"tuned"}
+    assert 0 < loaded.sparsecnn_load_phases["re-tuning"] <= loaded.sparsecnn_load_phases["total"]
     assert _equal_outputs(loaded, tuned, LENET_SHAPE)
 
 
@@ -390,7 +394,7 @@ def test_cli_compile_and_load_with_real_cpu_timings(tmp_path, capsys):
     printed = capsys.readouterr().out
     print(printed)
     assert "| conv1 |" in printed and "| conv2 |" in printed and "artefact |" in printed
-    assert f"loaded {out} in" in printed and "re-tuned" not in printed
+    assert f"loaded {out} in" in printed and "re-tuned" not in printed and "load time: read and verify" in printed
     assert main(["compile", str(checkpoint), "--model", "lenet5", "--input-shape", "2,x", "-o", str(out)]) == 2
     assert "--input-shape" in capsys.readouterr().err
 

@@ -220,6 +220,21 @@ def test_candidate_configs(spec):
     assert get_backend("direct").default_config(spec, torch.float16) == configs[0]
 
 
+@needs_interpreter
+@pytest.mark.parametrize("spec", [SMALL, LARGE], ids=lambda spec: f"K{spec.K}-{spec.H}x{spec.W}")
+def test_auto_tries_the_configs_that_ever_won(spec):
+    from sparsecnn.autotune import POLICIES, candidates_for
+
+    every = candidate_configs(spec, torch.float32)
+    auto = triton_kernels.auto_configs(spec, torch.float32)
+    assert auto[0] == every[0] and set(auto) < set(every)
+    assert {c.variant for c in auto} == {"chunk", "csr"} and max(c.block_pix for c in auto) <= 128
+    offered = [c.config for c in candidates_for(spec, POLICIES["fp32"], "cuda") if c.backend == "direct"]
+    assert offered == auto
+    named = [c.config for c in candidates_for(spec, POLICIES["fp32"], "cuda", ["direct"]) if c.backend == "direct"]
+    assert named == every
+
+
 # --- kernel on CPU (interpreter) -----------------------------------------------------
 
 

@@ -155,6 +155,7 @@ def _cmd_load(args) -> None:
     import time
 
     from .artifact import load
+    from .autotune.phases import format_phases
 
     start = time.perf_counter()
     model = load(args.artifact, args.device, cache_dir=args.cache_dir, progress=True)
@@ -162,6 +163,7 @@ def _cmd_load(args) -> None:
     print(model.sparsecnn_report.format())
     retuned = "" if model.sparsecnn_retuned is None else f", re-tuned: {model.sparsecnn_retuned}"
     print(f"\nloaded {args.artifact} in {seconds:.3f} s{retuned}")
+    print("load time: " + format_phases(model.sparsecnn_load_phases))
 
 
 def _quantizer(scheme: str):

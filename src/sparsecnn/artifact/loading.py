@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import fx
 
-from ..autotune import LayerResult, Timer, TuneReport, environment_fingerprint
+from ..autotune import LayerResult, PhaseClock, Timer, TuneReport, environment_fingerprint
 from ..autotune.fingerprint import describe_difference
 from ..layers import ConvSpec
 from ..models import build_model
@@ -99,18 +99,20 @@ def _number(value) -> float:
 
 
 def _restore(gm: fx.GraphModule, manifest: dict, tensors: Dict[str, torch.Tensor], device: torch.device,
-             prepare: bool) -> TuneReport:
+             prepare: bool, clock: PhaseClock) -> TuneReport:
     """Adopt the stored packed weights, bind each tuned layer for its recorded input; the report."""
     results = []
     for name, layer in _sparse_layers(gm).items():
         entry = manifest["layers"][name]
         if entry.get("packed") is not None:
-            layer.adopt_packed(decode_packed(entry["packed"], tensors, device))
+            with clock.phase("packed weights"):
+                layer.adopt_packed(decode_packed(entry["packed"], tensors, device))
         if entry.get("spec") is None:
             continue
         spec = ConvSpec(**entry["spec"])
         if prepare:
-            layer.prepare(_layer_input(layer, spec, device))
+            with clock.phase(f"bind {layer.backend}"):
+                layer.prepare(_layer_input(layer, spec, device))
         results.append(LayerResult(name, spec, layer.backend, layer.config, entry.get("choice") or layer.backend,
                                    _number(entry.get("time_ms")), _number(entry.get("dense_ms")),
                                    {label: _number(ms) for label, ms in (entry.get("times_ms") or {}).items()},
@@ -131,28 +133,49 @@ def load(out_dir, device=None, *, prepare: bool = True, cache_dir=None, progress
     input of the recorded shape, same policy and backends; cache_dir, progress, timer as there);
     otherwise nothing is timed. prepare: bind every tuned layer for its recorded input shape now,
     so the first forward does no setup. The model's `sparsecnn_report` holds the decisions (cache
-    column "artefact" when taken from it) and `sparsecnn_retuned` the reason it re-tuned, or None.
+    column "artefact" when taken from it) and `sparsecnn_retuned` the reason it re-tuned, or None;
+    `sparsecnn_load_phases` says where the time went (`autotune.PhaseClock.seconds`).
     """
-    directory = Path(out_dir)
-    manifest = read_manifest(directory)
-    verify_files(directory, manifest)
-    device = _device(device, manifest)
-    tensors = read_tensors(directory / manifest["weights"], aligned=device.type == "cpu")
+    clock = PhaseClock()
+    with clock.phase("total"):
+        gm, manifest, device = _load(Path(out_dir), device, prepare, clock)
+        if gm.sparsecnn_retuned is not None:
+            with clock.phase("re-tuning"):
+                _retune(gm, manifest, device, Path(out_dir), cache_dir, progress, timer)
+    gm.sparsecnn_load_phases = clock.seconds
+    return gm
+
+
+def _load(directory: Path, device, prepare: bool, clock: PhaseClock) -> Tuple[fx.GraphModule, dict, torch.device]:
+    """`load` up to the environment check: (the model restored, with `sparsecnn_retuned` set and
+    the report too when nothing needs re-tuning; the manifest; the device)."""
+    with clock.phase("read and verify files"):
+        manifest = read_manifest(directory)
+        verify_files(directory, manifest)
+        device = _device(device, manifest)
+        tensors = read_tensors(directory / manifest["weights"], aligned=device.type == "cpu")
     path = directory / MANIFEST
-    gm = _skeleton(manifest, path)
-    _load_state(gm, manifest, tensors, path)
-    gm = gm.to(device).eval()
-    install_codegen(directory, manifest["files"])
-    why = _environment_change(manifest, device)
-    gm.sparsecnn_retuned = why
-    if why is None:
-        gm.sparsecnn_report = _restore(gm, manifest, tensors, device, prepare)
-        return gm
+    with clock.phase("rebuild model"):
+        gm = _skeleton(manifest, path)
+        _load_state(gm, manifest, tensors, path)
+    with clock.phase("to device"):
+        gm = gm.to(device).eval()
+    with clock.phase("codegen files"):
+        install_codegen(directory, manifest["files"])
+    with clock.phase("environment check"):
+        gm.sparsecnn_retuned = _environment_change(manifest, device)
+    if gm.sparsecnn_retuned is None:
+        gm.sparsecnn_report = _restore(gm, manifest, tensors, device, prepare, clock)
+    return gm, manifest, device
+
+
+def _retune(gm: fx.GraphModule, manifest: dict, device: torch.device, directory: Path, cache_dir,
+            progress: Optional[bool], timer: Optional[Timer]) -> None:
+    why = gm.sparsecnn_retuned
     warnings.warn(f"sparsecnn.load({str(directory)!r}): re-tuning, the artefact was tuned in another environment "
-                  f"({why}); compile it again here to keep the new decisions", stacklevel=2)
+                  f"({why}); compile it again here to keep the new decisions", stacklevel=3)
     example = torch.randn(manifest["model"]["input_shape"], generator=torch.Generator().manual_seed(_LOAD_SEED))
     gm.sparsecnn_report = autotune_model(gm, example.to(device), backends=manifest.get("backends"),
                                          dtype=manifest["policy"], cache_dir=cache_dir, progress=progress,
                                          timer=timer)
-    return gm
 

@@ -33,10 +33,12 @@ from .workers import NOTHING, WorkerPool
 # ~10 s of nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
 MAX_UNROLLED_WEIGHTS = 1 << 20
 # `backend="auto"` compiles only the default config, and only for layers whose output channels fit
-# in at most this many kernels (slices): compile time grows with the slices (ResNet-50's layer3
-# 3x3 convs: 29 slices, 40 s of CPU each), and each slice reads the whole input again, so on the
-# H100 codegen beat direct and dense only on layers of 1 to 4 slices (see benchmarks/results).
-MAX_AUTO_SLICES = 4
+# in at most this many kernels (slices): each slice reads the whole input again, and compile time
+# grows with the slices. On the H100 (ResNet-50 DLMC 0.9, fp32, N=32), auto with up to 4 slices
+# compiled 25 layers; codegen won 8 of the 12 one-slice layers (2.0-5.0x against dense) and 3 of
+# the 13 multi-slice ones (1.2x, 0.03 ms each), which took 75 s of the 98 s of compiling all 25 in
+# one process (one 4-slice layer: 20 s), and tuning waited 102 s for codegen compiles in all.
+MAX_AUTO_SLICES = 1
 _INT32_MAX = 2**31 - 1
 WORKERS_ENV_VAR = "SPARSECNN_CODEGEN_WORKERS"
 _LOG = logging.getLogger("sparsecnn.backends.codegen")

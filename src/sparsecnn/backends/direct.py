@@ -47,4 +47,4 @@ DIRECT = register_triton_backend(
     "direct",
     "direct sparse convolution (UnSparse-Opt): chunked CSR, uniform-ELL or CSR weights with precomputed input "
     "offsets, Triton",
-    _kernels, "DirectConfig", _prepare, _bind)
+    _kernels, "DirectConfig", _prepare, _bind, auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype))

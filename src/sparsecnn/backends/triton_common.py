@@ -62,9 +62,10 @@ def op_static_args(packed, spec: ConvSpec, config: Any) -> tuple:
 
 
 def register_triton_backend(name: str, description: str, kernels: Callable[[], ModuleType], config_class: str,
-                            prepare, bind, prefetch=None) -> Backend:
+                            prepare, bind, prefetch=None, auto_configs=None) -> Backend:
     """Register a Triton backend whose kernel module (imported lazily by `kernels()`) provides
-    `candidate_configs(spec, dtype)` and the config dataclass named `config_class`; prefetch: see `Backend`."""
+    `candidate_configs(spec, dtype)` and the config dataclass named `config_class`; prefetch and
+    auto_configs: see `Backend`."""
     return register_backend(Backend(
         name=name,
         description=description,
@@ -76,4 +77,5 @@ def register_triton_backend(name: str, description: str, kernels: Callable[[], M
         configs=lambda spec, dtype: kernels().candidate_configs(spec, dtype),
         config_from_dict=lambda saved: getattr(kernels(), config_class).from_dict(saved),
         prefetch=prefetch,
+        auto_configs=auto_configs,
     ))

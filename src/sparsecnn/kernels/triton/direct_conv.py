@@ -307,6 +307,13 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> Lis
     return list(dict.fromkeys(configs))
 
 
+def auto_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
+    """The candidates `backend="auto"` tries: `candidate_configs` without the uniform-ELL layouts
+    and the 256-pixel chunked one, which never won a layer of any model tuned on the H100/H200
+    (benchmarks/results, fp32 and fp16: 9 models, 600+ layers on `direct`); each costs a compile
+    and a timed run per layer."""
+    return [config for config in candidate_configs(spec, dtype)
+            if config.variant != "ell" and not (config.variant == "chunk" and config.block_pix > 128)]
 
 
 def check_weight_variant(weight: DirectWeight, config: DirectConfig) -> None:
