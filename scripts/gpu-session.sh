@@ -10,6 +10,7 @@ SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import sys; print('bytecode: dont_write', sys.dont_write_bytecode, 'prefix', sys.pycache_prefix)"
 
 model() {  # model NAME BATCH DTYPE [extra bench-model flags]
     local name=$1 batch=$2 dtype=$3; shift 3
