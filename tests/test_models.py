@@ -1,9 +1,15 @@
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from sparsecnn.models import MODEL_NAMES, build_model, default_input_shape
+from sparsecnn.models import MODEL_NAMES, build_model, build_skeleton, default_input_shape
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 _build = functools.lru_cache(maxsize=None)(build_model)  # each model is built once per session
 
@@ -122,3 +128,21 @@ def test_unknown_name():
         build_model("resnet51")
     with pytest.raises(ValueError, match="googlenet"):
         default_input_shape("inception")
+
+
+@pytest.mark.parametrize("name", ["resnet50", "googlenet", "alexnet-cifar"])
+def test_skeleton_has_the_models_structure(name):
+    built, skeleton = build_model(name, 7).state_dict(), build_skeleton(name, 7).state_dict()
+    assert {key: (value.shape, value.dtype) for key, value in skeleton.items()} == \
+           {key: (value.shape, value.dtype) for key, value in built.items()}
+    assert all(value.device.type == "cpu" for value in skeleton.values())
+
+
+def test_skeleton_builds_without_importing_dynamo():
+    # Meta-device ops would import torch._dynamo: seconds of every artefact load in a fresh process.
+    code = ("import sys, torch\nfrom sparsecnn.models import build_skeleton\nfrom sparsecnn.nn import "
+            "prepare_for_inference\nprepare_for_inference(build_skeleton('resnet18'), example_inputs=torch.zeros(1, 3, "
+            "32, 32))\nassert 'torch._dynamo' not in sys.modules, 'imported torch._dynamo'")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

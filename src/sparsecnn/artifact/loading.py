@@ -17,7 +17,7 @@ from torch import fx
 from ..autotune import LayerResult, PhaseClock, Timer, TuneReport, environment_fingerprint
 from ..autotune.fingerprint import describe_difference
 from ..layers import ConvSpec
-from ..models import build_model
+from ..models import build_skeleton
 from ..nn import SparseConv2d, autotune_model, prepare_for_inference
 from .codegen_files import current_toolchain, install_codegen
 from .compiling import PACKED_PREFIX
@@ -44,9 +44,8 @@ def _skeleton(manifest: dict, path: Path) -> fx.GraphModule:
     """The model's inference graph with empty (meta) tensors, checked against the recorded fusion."""
     model = manifest["model"]
     try:
-        with torch.device("meta"):
-            built = build_model(model["name"], model.get("num_classes"))
-            gm = prepare_for_inference(built, example_inputs=torch.empty(1, *model["input_shape"][1:]))
+        built = build_skeleton(model["name"], model.get("num_classes"))
+        gm = prepare_for_inference(built, example_inputs=torch.zeros(1, *model["input_shape"][1:]))
     except ValueError as error:
         raise ArtifactError(f"{path}: cannot rebuild model {model['name']!r}: {error}") from error
     fuse = gm.fuse_report

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Tuple
 
+import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .googlenet import googlenet
 from .resnet import resnet18, resnet18_cifar, resnet34, resnet50
@@ -37,9 +39,30 @@ def build_model(name: str, num_classes: int | None = None) -> nn.Module:
     return build() if num_classes is None else build(num_classes)
 
 
+class _SkipInit(TorchFunctionMode):
+    """Makes the in-place value-filling ops of weight initialisation no-ops: the values are to be
+    replaced anyway, and random fills of a large model take a second."""
+
+    _FILLING = frozenset({"normal_", "uniform_", "fill_", "zero_", "erfinv_", "mul_", "add_", "clamp_", "copy_"})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        target = args[0] if args else None
+        if getattr(func, "__name__", None) in self._FILLING and isinstance(target, torch.Tensor):
+            return target
+        return func(*args, **(kwargs or {}))
+
+
+def build_skeleton(name: str, num_classes: int | None = None) -> nn.Module:
+    """Model `name` (as `build_model`) on the CPU with uninitialised parameters and buffers (any
+    values, NaN included): a structure to load parameters into. Not on the meta device: meta
+    tensors' ops import torch._dynamo on first use, seconds in a fresh process."""
+    with _SkipInit():
+        return build_model(name, num_classes)
+
+
 def default_input_shape(name: str) -> Tuple[int, int, int]:
     """The (C, H, W) input model `name` is defined for."""
     return _entry(name)[1]
 
 
-__all__ = ["MODEL_NAMES", "build_model", "default_input_shape"]
+__all__ = ["MODEL_NAMES", "build_model", "build_skeleton", "default_input_shape"]
