@@ -83,11 +83,12 @@ def test_prefetch_hook_submits_the_t2_values_prepare_uses(worker_pool, no_extrac
     weight, backend = _weight(), get_backend("blocks")
     expected = extract_blocks(weight, BlockParams(t2=8))  # the t2 of fp32's default config (tf32x3)
     backend.prefetch(SPEC, weight.double(), torch.float32, True)  # cast to the dtype it will be tuned at
-    t2_values = {config.t2 for config in backend.configs(SPEC, torch.float32)}
-    assert {key[3] for key in block_extraction._WORKERS.pending} == t2_values == {4, 8, 12, 16}
+    t2_values = {config.t2 for config in backend.auto_configs(SPEC, torch.float32)}
+    assert {key[3] for key in block_extraction._WORKERS.pending} == t2_values == {4, 8}
+    assert {config.t2 for config in backend.configs(SPEC, torch.float32)} == {4, 8, 12, 16}  # when named
     _in_process_forbidden(monkeypatch)
     backend.prepare(weight, None)
-    assert {key[3] for key in block_extraction._WORKERS.pending} == {4, 12, 16}
+    assert {key[3] for key in block_extraction._WORKERS.pending} == {4}
     _assert_same(block_extraction.extraction(weight, 8), expected)
 
 

@@ -42,8 +42,11 @@ class Candidate:
         return self.backend, config_to_dict(self.config)
 
 
-def _configs(name: str, spec: ConvSpec, policy: PrecisionPolicy) -> List[Any]:
-    configs = get_backend(name).configs(spec, policy.dtype)
+def _configs(name: str, spec: ConvSpec, policy: PrecisionPolicy, auto_only: bool) -> List[Any]:
+    backend = get_backend(name)
+    configs = backend.configs(spec, policy.dtype)
+    if auto_only and backend.auto_configs is not None:
+        configs = [config for config in configs if config in backend.auto_configs(spec, policy.dtype)]
     if policy.allow_tf32 and policy.dtype == torch.float32:
         configs = configs + [variant for variant in map(tf32_variant, configs) if variant is not None]
     return [config for config in dict.fromkeys(configs) if policy.allow_tf32 or not uses_tf32(name, config)]
@@ -65,9 +68,7 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
         if backends is None and backend.autotune_devices is not None and device_type not in backend.autotune_devices:
             continue
         if backend.unsupported_reason(spec, policy.dtype, device_type) is None:
-            configs = _configs(name, spec, policy)
-            if backends is None and backend.auto_configs is not None:
-                configs = [config for config in configs if config in backend.auto_configs(spec, policy.dtype)]
+            configs = _configs(name, spec, policy, auto_only=backends is None)
             found.extend(Candidate(name, config) for config in configs)
     return found
 
@@ -231,13 +232,16 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionPolicy, device_type: str,
                         backends: Optional[List[str]] = None, *, has_bias: bool) -> None:
-    """Call `Backend.prefetch(spec, weight, policy.dtype, has_bias)` of each backend `candidates_for`
-    would offer.
+    """Call `Backend.prefetch(spec, weight, policy.dtype, has_bias, configs)` of each backend that
+    `candidates_for` offers, with the configs it offers.
 
     spec: the layer at the input shape it will be tuned on; weight: the masked (K, C // groups, R, S)
     weight, bit-identical to the one tuning will prepare, so backends can recognise it by content.
     """
-    for name in dict.fromkeys(candidate.backend for candidate in candidates_for(spec, policy, device_type, backends)):
+    configs: Dict[str, List[Any]] = {}
+    for candidate in candidates_for(spec, policy, device_type, backends):
+        configs.setdefault(candidate.backend, []).append(candidate.config)
+    for name, offered in configs.items():
         prefetch = get_backend(name).prefetch
         if prefetch is not None:
-            prefetch(spec, weight, policy.dtype, has_bias)
+            prefetch(spec, weight, policy.dtype, has_bias, offered)

@@ -149,12 +149,13 @@ def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     return [default] if codegen.make_plan(spec, default, dtype=dtype).n_slices <= MAX_AUTO_SLICES else []
 
 
-def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool) -> None:
-    """Start compiling the configs `backend="auto"` tries for `spec` in a worker."""
+def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool,
+              configs: Optional[List[Any]] = None) -> None:
+    """Start compiling `configs` (None: those `backend="auto"` tries) for `spec` in workers."""
     if _spec_check(spec) is not None:
         return
     array = _as_compiled_array(weight)
-    for config in _auto_configs(spec, dtype):
+    for config in _auto_configs(spec, dtype) if configs is None else configs:
         _WORKERS.submit(_compile_key(array, spec, config, has_bias, dtype), _compile_in_worker, array, spec, config,
                         has_bias, dtype)
 

@@ -82,10 +82,10 @@ class Backend:
     autotune_devices: device types where `backend="auto"` may pick it unasked (None: wherever it
     runs); e.g. a Triton backend runs on CPU only in the interpreter, for tests.
     auto_configs(spec, dtype), optional: the configs `backend="auto"` tries when the backend is
-    not named (None: all of `configs`); for backends whose every config costs a long compile.
-    prefetch(spec, weight, dtype, has_bias), optional: start preparing work for a (K, C, R, S)
-    weight that will be tuned on inputs of `spec`'s shape at `dtype` (e.g. in worker processes);
-    must not change results.
+    not named (None: all of `configs`); for backends whose every config costs work per layer.
+    prefetch(spec, weight, dtype, has_bias, configs=None), optional: start preparing work for a
+    (K, C, R, S) weight that will be tuned with `configs` (None: its `auto_configs`) on inputs of
+    `spec`'s shape at `dtype` (e.g. in worker processes); must not change results.
     """
 
     name: str
@@ -98,7 +98,7 @@ class Backend:
     config_from_dict: Callable[[dict], Any] = lambda saved: None
     autotune_devices: Optional[Tuple[str, ...]] = None
     auto_configs: Optional[Callable[[ConvSpec, torch.dtype], List[Any]]] = None
-    prefetch: Optional[Callable[[ConvSpec, torch.Tensor, torch.dtype, bool], None]] = None
+    prefetch: Optional[Callable[..., None]] = None
 
     def run(self, x: torch.Tensor, packed: Any, bias: Optional[torch.Tensor], spec: ConvSpec, config: Any, *,
             relu: bool = False, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
