@@ -65,6 +65,13 @@ def test_auto_offers_the_default_config_on_cuda_and_every_config_when_named():
     assert _labels(candidates_for(too_big, FP32, "cuda")) == []
 
 
+def test_auto_leaves_out_strided_1x1_layers():
+    shortcut = ConvSpec(32, 128, 256, 16, 16, 1, 1, 2, 0)
+    assert codegen.make_plan(shortcut, codegen.candidate_configs(shortcut)[0]).n_slices <= codegen_backend.MAX_AUTO_SLICES
+    assert _labels(candidates_for(shortcut, FP32, "cuda")) == []
+    assert _labels(candidates_for(shortcut, FP32, "cuda", ["codegen"]))  # named: still offered
+
+
 def test_auto_leaves_out_layers_of_many_slices(inline_workers):
     workers, pool = inline_workers
     many = ConvSpec(32, 256, 256, 14, 14, 3, 3, 1, 1)  # ResNet-50's layer3 3x3
