@@ -304,6 +304,7 @@ def test_autotune_model_reports_where_the_tuning_time_went(tmp_path):
     inside_layers = sum(phases[name] for name in phases if name.startswith("bind ")) + phases["first calls"]
     assert inside_layers <= phases["layers"] <= phases["total"]
     assert list(phases)[-1] == "total" and "tuning time: reference pass" in report.format()
+    assert report.worker_jobs == {}  # no backend here prepares in workers
     cached = autotune_model(copy.deepcopy(model), x, cache_dir=tmp_path, timer=FakeTimer(), progress=False)
     assert "first calls" not in cached.phase_s and "layers" in cached.phase_s
 

@@ -14,6 +14,7 @@ from sparsecnn.autotune import POLICIES
 from sparsecnn.autotune.select import candidates_for
 from sparsecnn.backends import codegen as codegen_backend
 from sparsecnn.backends import get_backend
+from sparsecnn.backends.workers import job_times, reset_job_times
 from sparsecnn.kernels import codegen
 from sparsecnn.layers import ConvSpec
 from sparsecnn.nn import autotune_model
@@ -102,9 +103,12 @@ def test_bind_takes_the_prefetched_compile(inline_workers, monkeypatch, dtype):
         raise AssertionError("compiled in-process although a worker had compiled it")
 
     monkeypatch.setattr(codegen, "compile_conv", no_compiling)
+    reset_job_times()
     call = backend.bind(backend.prepare(weight, None), SPEC, None, dtype, True)
     assert not workers.pending
     assert call.keepalive.cubins == expected.cubins and call.keepalive.plan == expected.plan
+    times = job_times()["codegen compile"]
+    assert times.jobs == 1 and times.ran_s > 0 and times.max_ran_s == times.ran_s and times.waited_s >= 0
 
 
 @needs_tools

@@ -65,9 +65,11 @@ def _cmd_bench_model(args) -> None:
                        backends=_split(args.backends) if args.backends else None)
     write_jsonl(rows, args.out)
     print(markdown_table(rows))
-    phases = next((row["config"]["tune_phases_s"] for row in rows if row["backend"] != "cudnn"), None)
-    if phases:
-        print("tuning time: " + format_phases(phases))
+    tuned = next((row["config"] for row in rows if row["backend"] != "cudnn"), None)
+    if tuned and tuned["tune_phases_s"]:
+        print("tuning time: " + format_phases(tuned["tune_phases_s"]))
+        for pool, times in tuned["tune_workers"].items():
+            print(f"worker jobs, {pool}: " + ", ".join(f"{key} {value:.1f}" for key, value in times.items()))
     print(f"\n{len(rows)} rows appended to {args.out}")
 
 

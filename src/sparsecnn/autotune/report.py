@@ -63,7 +63,8 @@ class TuneReport:
     policy name, the max relative error of the tuned model's outputs against the original model's
     (None when not checked), the conv layers the example input never reached, the cache dir, and
     the whole-model check against dense (None when not run), and the wall seconds of each phase of
-    tuning (`PhaseClock.seconds`; "total" is the whole call). The layer results are the per-layer
+    tuning (`PhaseClock.seconds`; "total" is the whole call) and of the jobs run ahead in worker
+    processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict). The layer results are the per-layer
     decisions; when the check kept dense, the layers run `model_check.dense_backend` instead."""
 
     layers: List[LayerResult]
@@ -73,6 +74,7 @@ class TuneReport:
     cache_dir: Optional[str] = None
     model_check: Optional[ModelCheck] = None
     phase_s: Dict[str, float] = dataclasses.field(default_factory=dict)
+    worker_jobs: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def total_ms(self) -> float:
@@ -103,6 +105,9 @@ class TuneReport:
             lines.append(self.model_check.format())
         if self.phase_s:
             lines.append("tuning time: " + format_phases(self.phase_s))
+        for pool, times in self.worker_jobs.items():
+            lines.append(f"worker jobs, {pool}: {times['jobs']} jobs, queued {times['queued_s']:.1f} s, ran "
+                         f"{times['ran_s']:.1f} s (longest {times['max_ran_s']:.1f} s), waited for {times['waited_s']:.1f} s")
         if self.unreached:
             lines.append(f"not reached by the example inputs (left as they were): {', '.join(self.unreached)}")
         return "\n".join(lines)

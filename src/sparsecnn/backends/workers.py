@@ -8,9 +8,12 @@ only means the caller does the work in-process: results never depend on where a 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
+import time
+import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Dict, Hashable, Optional
@@ -18,6 +21,43 @@ from typing import Any, Callable, Dict, Hashable, Optional
 _MAX_WORKERS = 16
 _WORKER_NICENESS = 10
 NOTHING = object()  # what `WorkerPool.take` returns when there is no result to take
+_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+
+
+@dataclasses.dataclass
+class JobTimes:
+    """Wall seconds of the jobs taken from one pool: how long they queued (submit to start in a
+    worker), ran, and how long takers waited for them; max_ran_s: the longest job."""
+
+    jobs: int = 0
+    queued_s: float = 0.0
+    ran_s: float = 0.0
+    max_ran_s: float = 0.0
+    waited_s: float = 0.0
+
+    def add(self, queued: float, ran: float, waited: float) -> None:
+        self.jobs += 1
+        self.queued_s += queued
+        self.ran_s += ran
+        self.max_ran_s = max(self.max_ran_s, ran)
+        self.waited_s += waited
+
+
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple:
+    """(start, end, fn(*args)) with wall-clock times, so that the parent can tell queueing from running."""
+    start = time.time()
+    result = fn(*args)
+    return start, time.time(), result
+
+
+def job_times() -> Dict[str, JobTimes]:
+    """{pool's `what`: the times of the jobs taken since `reset_job_times`} for every live pool."""
+    return {pool.what: dataclasses.replace(pool.times) for pool in _POOLS if pool.times.jobs}
+
+
+def reset_job_times() -> None:
+    for pool in _POOLS:
+        pool.times = JobTimes()
 
 
 def worker_count(env_var: str) -> int:
@@ -49,6 +89,9 @@ class WorkerPool:
         self.pool: Optional[ProcessPoolExecutor] = None
         self.failed = False
         self.pending: Dict[Hashable, Future] = {}
+        self.submitted: Dict[Hashable, float] = {}
+        self.times = JobTimes()
+        _POOLS.add(self)
 
     def submit(self, key: Hashable, fn: Callable[..., Any], *args: Any) -> None:
         """Start fn(*args) in a worker (fn importable by module path) unless `key` is pending."""
@@ -60,17 +103,22 @@ class WorkerPool:
                 if workers == 0:
                     return
                 self.pool = self.new_pool(workers)
-            self.pending[key] = self.pool.submit(fn, *args)
+            submitted = time.time()
+            self.pending[key] = self.pool.submit(_timed, fn, *args)
+            self.submitted[key] = submitted
         except Exception as error:  # noqa: BLE001  (no pool is no reason to fail tuning)
             self._give_up(error)
 
     def take(self, key: Hashable) -> Any:
         """The result of the job for `key` (waiting for it), or NOTHING when there is none or it failed."""
-        future = self.pending.pop(key, None)
+        future, submitted = self.pending.pop(key, None), self.submitted.pop(key, None)
         if future is None:
             return NOTHING
         try:
-            return future.result()
+            asked = time.time()
+            started, finished, result = future.result()
+            self.times.add(max(0.0, started - submitted), finished - started, time.time() - asked)
+            return result
         except BrokenProcessPool as error:
             self._give_up(error)
         except Exception as error:  # noqa: BLE001  (in-process work raises it again, if it is the input's fault)
@@ -82,6 +130,7 @@ class WorkerPool:
         for future in self.pending.values():
             future.cancel()
         self.pending.clear()
+        self.submitted.clear()
 
     def _give_up(self, error: Exception) -> None:
         self.log.warning("%s worker processes unavailable (%s: %s); doing it in-process", self.what,

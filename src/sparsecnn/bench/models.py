@@ -121,7 +121,8 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     "tune_s": seconds spent in `sparsify_`, "conv_ms" / "dense_conv_ms": the tuned convs' summed
     times and the same convs run densely (per-layer medians from tuning; null when not tuned),
     "model_check": the whole-model check against dense (`autotune.ModelCheck` as a dict, or null),
-    "tune_phases_s": where the tuning time went (`TuneReport.phase_s`, rounded; {} when not tuned);
+    "tune_phases_s": where the tuning time went (`TuneReport.phase_s`, rounded; {} when not tuned),
+    "tune_workers": the worker jobs' times (`TuneReport.worker_jobs`);
     `_variant` adds "backends", the sparse backends tuning was limited to (null: all)}."""
     report = getattr(model, "sparsecnn_report", None)
     timed = {} if report is None else {layer.name: layer for layer in report.layers}
@@ -134,7 +135,9 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
                             "dense_ms": None if result is None else result.dense_ms}
     check = None if report is None or report.model_check is None else dataclasses.asdict(report.model_check)
     phases = {} if report is None else {name: round(value, 2) for name, value in report.phase_s.items()}
+    workers = {} if report is None else report.worker_jobs
     return {"layers": layers, "tune_s": round(tune_s, 3), "model_check": check, "tune_phases_s": phases,
+            "tune_workers": workers,
             "conv_ms": sum(layer.time_ms for layer in timed.values()) if timed else None,
             "dense_conv_ms": sum(layer.dense_ms for layer in timed.values()) if timed else None}
 

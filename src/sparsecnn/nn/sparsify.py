@@ -8,6 +8,7 @@ tuned model's output.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import sys
@@ -21,6 +22,7 @@ from ..autotune import (DEFAULT_DROP_RATIO, Candidate, MeasuringTimer, ModelChec
                         TuneCache, TuneReport, candidates_for, environment_fingerprint, resolve_policy, tf32_flags, tune_layer)
 from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
+from ..backends.workers import job_times, reset_job_times
 from ..kernels.reference import relative_error
 from .sparse_conv import SparseConv2d
 
@@ -152,6 +154,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     timer = timer or MeasuringTimer(device)
     show = sys.stderr.isatty() if progress is None else progress
     clock = PhaseClock()
+    reset_job_times()
     with clock.phase("total"):
         with torch.no_grad(), tf32_flags(False):
             originals = dict(_selected(model, filter_fn))
@@ -177,7 +180,8 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
         with torch.no_grad(), tf32_flags(False), clock.phase("model check"):
             check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, policy, device.type, timer)
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
-                      str(cache.directory), check, clock.seconds)
+                      str(cache.directory), check, clock.seconds,
+                      {pool: dataclasses.asdict(times) for pool, times in job_times().items()})
 
 
 def _dense_backend(policy: PrecisionPolicy, device_type: str) -> str:
