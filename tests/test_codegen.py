@@ -6,11 +6,13 @@ with the reason, when those are missing) and check the PTX and cubins. GPU tests
 check the kernels against the fp64 reference, that both modes agree bit for bit, and CUDA graphs.
 """
 import collections
+import concurrent.futures
 import dataclasses
 import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -270,7 +272,8 @@ def test_second_compile_hits_the_cache_and_the_key_follows_the_config(tmp_path):
     first = codegen.compile_conv(weight, SMALL, SMALL_CONFIG, cache=cache)
     assert first.report.cache_hits == 0 and first.report.nvcc_s > 0 and first.report.ptxas_s > 0
     files = {path: path.stat().st_mtime_ns for path in tmp_path.rglob("*") if path.is_file()}
-    assert {path.suffix for path in files} == {".ptx", ".cubin", ".json"}  # no temp files left behind
+    assert {path.suffix for path in files} == {".ptx", ".cubin", ".json", ".lock"}  # no temp files left behind
+    assert all(path.stat().st_size == 0 for path in files if path.suffix == ".lock")
     second = codegen.compile_conv(weight, SMALL, SMALL_CONFIG, cache=cache)
     assert second.report.cache_hits == 2 and second.report.nvcc_s == second.report.ptxas_s == 0
     assert toolchain.CACHE_STATS["hit"] >= hits_before + 3  # template ptx, slice json + cubin
@@ -299,6 +302,39 @@ def test_a_cached_template_is_found_without_generating_its_source(tmp_path, monk
     assert again.report.cache_hits == 2 and again.cubins == first.cubins
     with pytest.raises(AssertionError, match="generated the source"):  # another plan: a new template
         codegen.compile_conv(weight, SMALL, dataclasses.replace(SMALL_CONFIG, tx=16, ty=2), cache=cache)
+
+
+@needs_tools
+def test_concurrent_compiles_of_one_plan_run_nvcc_once(tmp_path, monkeypatch):
+    """Layers of one plan compiled at once (worker processes; threads here: flock locks are per
+    open file) wait for one nvcc and take its template from the cache."""
+    cache, calls, real_nvcc = toolchain.DiskCache(tmp_path), [], toolchain.nvcc_ptx
+
+    def slow_nvcc(source):
+        calls.append(source)
+        time.sleep(0.5)  # the others ask for the template while this one compiles it
+        return real_nvcc(source)
+
+    monkeypatch.setattr(toolchain, "nvcc_ptx", slow_nvcc)
+    plan = codegen.make_plan(SMALL, SMALL_CONFIG)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        templates = list(pool.map(lambda _: codegen.compile_template(plan, cache), range(3)))
+    assert len(calls) == 1 and sorted(t.cached for t in templates) == [False, True, True]
+    assert len({t.ptx for t in templates}) == 1
+
+
+def test_disk_cache_lock_is_exclusive(tmp_path):
+    cache, events = toolchain.DiskCache(tmp_path), []
+
+    def hold(name):
+        with cache.exclusive("k" * 16):
+            events.append(f"{name} in")
+            time.sleep(0.2)
+            events.append(f"{name} out")
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(hold, ["a", "b"]))
+    assert [event.split()[1] for event in events] == ["in", "out", "in", "out"]
 
 
 @needs_tools

@@ -136,9 +136,14 @@ def compile_template(plan: KernelPlan, cache: Optional[DiskCache] = None) -> Tem
     """
     cache = cache or DiskCache()
     key = _template_key(plan)
-    cached = cache.get(key, "ptx")
-    if cached is not None:
-        return Template(cached.decode(), key, 0.0, True)
+    with cache.exclusive(key):  # layers sharing a plan, compiled in parallel processes: one nvcc
+        cached = cache.get(key, "ptx")
+        if cached is not None:
+            return Template(cached.decode(), key, 0.0, True)
+        return _new_template(plan, key, cache)
+
+
+def _new_template(plan: KernelPlan, key: str, cache: DiskCache) -> Template:
     ptx, seconds = toolchain.nvcc_ptx(kernel_source(plan))
     sites = placeholder_sites(ptx, frozenset(placeholders(plan).tolist()))
     wrong = {bits: count for bits, count in sites.items() if count != 1}

@@ -7,7 +7,9 @@ driver accepts before it goes further.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import os
@@ -17,7 +19,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 ARCH = "90"  # sm_90 / compute_90: Hopper (H100, H200)
 # IEEE fp32 (no flush-to-zero, exact division) so emitted code matches the reference; the kernels
@@ -200,7 +202,8 @@ def cache_key(*parts) -> str:
 
 class DiskCache:
     """Files named by key under `root` (default `cache_root()`); writes are atomic (temp + rename),
-    so concurrent compiles of the same key are harmless."""
+    so concurrent compiles of the same key are harmless, and `exclusive(key)` lets processes that
+    need the same file wait for one of them to make it rather than all compile it."""
 
     def __init__(self, root: Optional[Path] = None):
         self.root = cache_root() if root is None else Path(root)
@@ -216,6 +219,19 @@ class DiskCache:
             return None
         CACHE_STATS["hit"] += 1
         return data
+
+    @contextlib.contextmanager
+    def exclusive(self, key: str) -> Iterator[None]:
+        """Hold an advisory lock on `key` (fcntl.flock on a lock file; released when the block
+        exits or the process dies), one holder at a time across processes."""
+        path = self.path(key, "lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def put(self, key: str, suffix: str, data: bytes) -> None:
         path = self.path(key, suffix)
