@@ -36,6 +36,9 @@ class _RecordingCache(DiskCache):
         self.source.put(key, suffix, data)
         super().put(key, suffix, data)
 
+    def exclusive(self, key: str):
+        return self.source.exclusive(key)  # the lock guards the local cache; no lock file in the artefact
+
 
 def record_codegen(layer: SparseConv2d, spec: ConvSpec, directory: Path) -> None:
     """Copy the kernels of one `codegen` layer for inputs of `spec` into `directory`/codegen (compiled

@@ -16,7 +16,6 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
-from torch.fx.passes.shape_prop import ShapeProp
 
 from ..prune import absorb_torch_prune_
 from .sparse_conv import SparseConv2d
@@ -184,13 +183,27 @@ def _add_operands(node: fx.Node) -> List[tuple]:
     return [(first, second)] if node.target in _INPLACE_ADDS else [(first, second), (second, first)]
 
 
+_SHAPE_META = "sparsecnn_shape"  # node.meta key: (shape, dtype) of a tensor the node produced
+
+
+class _ShapeRecorder(fx.Interpreter):
+    """Runs the graph once, recording each tensor result's (shape, dtype) in its node's meta.
+    Not torch's ShapeProp, which imports sympy (seconds, in every artefact load)."""
+
+    def run_node(self, node: fx.Node):
+        result = super().run_node(node)
+        if isinstance(result, torch.Tensor):
+            node.meta[_SHAPE_META] = (result.shape, result.dtype)
+        return result
+
+
 def _same_shape(first: fx.Node, second: fx.Node) -> bool:
-    """True without ShapeProp metadata (no example inputs); with it, whether both nodes are tensors of
+    """True without recorded shapes (no example inputs); with them, whether both nodes are tensors of
     one shape and dtype (an add of any other pair broadcasts or promotes)."""
-    metas = [node.meta.get("tensor_meta") for node in (first, second)]
+    metas = [node.meta.get(_SHAPE_META) for node in (first, second)]
     if any(meta is None for meta in metas):
         return not any(metas)
-    return metas[0].shape == metas[1].shape and metas[0].dtype == metas[1].dtype
+    return metas[0] == metas[1]
 
 
 def _nodes_between(first: fx.Node, last: fx.Node) -> List[fx.Node]:
@@ -270,7 +283,7 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
     report = FuseReport(folded_batchnorms=_fold_batchnorms(gm))
     if example_inputs is not None:
         with torch.no_grad():
-            ShapeProp(gm).propagate(*_as_tuple(example_inputs))
+            _ShapeRecorder(gm).run(*_as_tuple(example_inputs))
     _to_sparse(gm, conv_masks)
     report.fused_adds = _fuse_adds(gm)
     report.fused_relus = _fuse_relus(gm)
