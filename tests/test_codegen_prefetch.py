@@ -17,7 +17,7 @@ from sparsecnn.backends import get_backend
 from sparsecnn.backends.workers import job_times, reset_job_times
 from sparsecnn.kernels import codegen
 from sparsecnn.layers import ConvSpec
-from sparsecnn.nn import autotune_model, prepare_for_inference
+from sparsecnn.nn import autotune_model
 from sparsecnn.nn import sparsify as sparsify_module
 
 FP32 = POLICIES["fp32"]
@@ -183,35 +183,13 @@ def test_autotune_model_prefetches_at_each_layers_input_shape(monkeypatch, tmp_p
         expected = [(2, 3, 8, 13, 11, 3, 3, (1, 1), (1, 1), True), (2, 8, 4, 13, 11, 3, 3, (2, 2), (0, 0), False)]
     seen = []
 
-    def record(spec, weight, policy, device_type, backends=None, *, has_bias, relu, residual):
+    def record(spec, weight, policy, device_type, backends=None, *, has_bias):
         seen.append((spec.N, spec.C, spec.K, spec.H, spec.W, spec.R, spec.S, spec.stride, spec.padding, has_bias))
-        assert weight.shape == (spec.K, spec.C, spec.R, spec.S) and not relu and not residual
+        assert weight.shape == (spec.K, spec.C, spec.R, spec.S)
 
     monkeypatch.setattr(sparsify_module, "prefetch_candidates", record)
     autotune_model(model.eval(), x, cache_dir=tmp_path, timer=_DenseTimer(), progress=False)
     assert seen == expected
-
-
-class _Residual(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.conv2 = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
-
-    def forward(self, x):
-        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
-
-
-def test_prefetch_gets_each_layers_fused_relu_and_residual(monkeypatch, tmp_path):
-    seen = {}
-
-    def record(spec, weight, policy, device_type, backends=None, *, has_bias, relu, residual):
-        seen[spec.name or len(seen)] = (relu, residual)
-
-    model = prepare_for_inference(_Residual().eval(), example_inputs=torch.randn(1, 4, 6, 6))
-    assert [model.conv1.activation, model.conv2.activation] == ["relu", "relu"]
-    monkeypatch.setattr(sparsify_module, "prefetch_candidates", record)
-    autotune_model(model, torch.randn(2, 4, 6, 6), cache_dir=tmp_path, timer=_DenseTimer(), progress=False)
-    assert list(seen.values()) == [(True, False), (True, True)]
 
 
 def test_layers_the_inputs_never_reach_are_not_prefetched(monkeypatch, tmp_path):

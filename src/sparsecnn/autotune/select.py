@@ -231,10 +231,9 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 
 def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionPolicy, device_type: str,
-                        backends: Optional[List[str]] = None, *, has_bias: bool, relu: bool = False,
-                        residual: bool = False) -> None:
-    """Call `Backend.prefetch(spec, weight, policy.dtype, has_bias, configs, relu, residual)` of each
-    backend that `candidates_for` offers, with the configs it offers and the layer's epilogue.
+                        backends: Optional[List[str]] = None, *, has_bias: bool) -> None:
+    """Call `Backend.prefetch(spec, weight, policy.dtype, has_bias, configs)` of each backend that
+    `candidates_for` offers, with the configs it offers.
 
     spec: the layer at the input shape it will be tuned on; weight: the masked (K, C // groups, R, S)
     weight, bit-identical to the one tuning will prepare, so backends can recognise it by content.
@@ -245,4 +244,4 @@ def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionP
     for name, offered in configs.items():
         prefetch = get_backend(name).prefetch
         if prefetch is not None:
-            prefetch(spec, weight, policy.dtype, has_bias, offered, relu, residual)
+            prefetch(spec, weight, policy.dtype, has_bias, offered)

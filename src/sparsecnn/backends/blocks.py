@@ -48,9 +48,9 @@ def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
 
 
 def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool,
-              configs: Optional[List[Any]] = None, relu: bool = False, residual: bool = False) -> None:
+              configs: Optional[List[Any]] = None) -> None:
     """Submit the extractions of every t2 of `configs` (None: those `backend="auto"` tries) for
-    `weight` at `dtype` (they depend on nothing else; the epilogue does not matter here)."""
+    `weight` at `dtype` (they depend on nothing else)."""
     weight = weight.to(dtype)
     if configs is None:
         configs = [config for config in _candidate_configs(weight, dtype) if config.t2 in AUTO_T2]

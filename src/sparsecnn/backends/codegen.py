@@ -154,9 +154,8 @@ def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
 
 
 def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool,
-              configs: Optional[List[Any]] = None, relu: bool = False, residual: bool = False) -> None:
-    """Start compiling `configs` (None: those `backend="auto"` tries) for `spec` in workers (ReLU
-    and residual run as a post-op: the epilogue does not change the kernels)."""
+              configs: Optional[List[Any]] = None) -> None:
+    """Start compiling `configs` (None: those `backend="auto"` tries) for `spec` in workers."""
     if _spec_check(spec) is not None:
         return
     array = _as_compiled_array(weight)

@@ -9,17 +9,15 @@ and ReLU.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any
 
 import torch
 
 from ..formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
-from ..kernels.configs import interpreting
 from .. import ops
 from ..layers import ConvSpec
 from .registry import KernelCall
 from .triton_common import op_static_args, padded_hw, register_triton_backend
-from .triton_warmup import submit_warmups
 
 
 def _kernels():
@@ -45,19 +43,8 @@ def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: boo
                       op_static_args(packed, spec, config), eager=ops.direct_conv2d_eager)
 
 
-def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool,
-              configs: Optional[List[Any]] = None, relu: bool = False, residual: bool = False) -> None:
-    """Have workers compile the kernels of `configs` (None: those `backend="auto"` tries) for this
-    layer (`triton_warmup`); nothing under Triton's CPU interpreter, which compiles nothing."""
-    if interpreting():
-        return
-    configs = _kernels().auto_configs(spec, dtype) if configs is None else configs
-    submit_warmups("direct", spec, weight, dtype, has_bias, configs, relu, residual)
-
-
 DIRECT = register_triton_backend(
     "direct",
     "direct sparse convolution (UnSparse-Opt): chunked CSR, uniform-ELL or CSR weights with precomputed input "
     "offsets, Triton",
-    _kernels, "DirectConfig", _prepare, _bind, _prefetch,
-    auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype))
+    _kernels, "DirectConfig", _prepare, _bind, auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype))

@@ -83,10 +83,9 @@ class Backend:
     runs); e.g. a Triton backend runs on CPU only in the interpreter, for tests.
     auto_configs(spec, dtype), optional: the configs `backend="auto"` tries when the backend is
     not named (None: all of `configs`); for backends whose every config costs work per layer.
-    prefetch(spec, weight, dtype, has_bias, configs=None, relu=False, residual=False), optional:
-    start preparing work for a (K, C, R, S) weight that will be tuned with `configs` (None: its
-    `auto_configs`) on inputs of `spec`'s shape at `dtype`, with that epilogue (e.g. in worker
-    processes); must not change results.
+    prefetch(spec, weight, dtype, has_bias, configs=None), optional: start preparing work for a
+    (K, C, R, S) weight that will be tuned with `configs` (None: its `auto_configs`) on inputs of
+    `spec`'s shape at `dtype` (e.g. in worker processes); must not change results.
     """
 
     name: str

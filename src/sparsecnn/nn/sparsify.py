@@ -22,7 +22,6 @@ from ..autotune import (DEFAULT_DROP_RATIO, Candidate, MeasuringTimer, ModelChec
                         TuneCache, TuneReport, candidates_for, environment_fingerprint, resolve_policy, tf32_flags, tune_layer)
 from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
-from ..backends.triton_warmup import cancel_warmups
 from ..backends.workers import job_times, reset_job_times
 from ..kernels.reference import relative_error
 from .sparse_conv import SparseConv2d
@@ -172,7 +171,6 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                                   tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show), clock)
             with clock.phase("layers"):
                 output = tuning.run(model, _cast(inputs, policy.dtype))
-            cancel_warmups()
         unreached = [name for name in layers if name not in tuning.results]
         for name in unreached:
             if layers[name] is not originals[name]:
@@ -216,18 +214,16 @@ def _check_against_dense(model: nn.Module, inputs: tuple, tuned: Dict[str, Spars
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):
-    """(model(*inputs), name -> (shape of the first input each of `layers` saw, whether a residual
-    came with it))."""
-    shapes: Dict[str, Tuple[torch.Size, bool]] = {}
+    """(model(*inputs), name -> shape of the first input each of `layers` saw)."""
+    shapes: Dict[str, torch.Size] = {}
 
     def recorder(name: str):
-        def record(layer: nn.Module, args: tuple, kwargs: dict) -> None:
-            residual = kwargs.get("residual", args[1] if len(args) > 1 else None)
-            shapes.setdefault(name, (args[0].shape, residual is not None))
+        def record(layer: nn.Module, args: tuple) -> None:
+            shapes.setdefault(name, args[0].shape)
 
         return record
 
-    hooks = [layer.register_forward_pre_hook(recorder(name), with_kwargs=True) for name, layer in layers.items()]
+    hooks = [layer.register_forward_pre_hook(recorder(name)) for name, layer in layers.items()]
     try:
         return model(*inputs), shapes
     finally:
@@ -235,12 +231,10 @@ def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[st
             hook.remove()
 
 
-def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, Tuple[torch.Size, bool]],
-              masks: Dict[str, torch.Tensor], policy: PrecisionPolicy, device_type: str,
-              backends: Optional[List[str]]) -> None:
+def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, torch.Size], masks: Dict[str, torch.Tensor],
+              policy: PrecisionPolicy, device_type: str, backends: Optional[List[str]]) -> None:
     """Let the candidate backends start preparing each layer's weight at the input shape it will be
-    tuned on, with its epilogue, in model order, so that work for later layers overlaps the timing
-    of earlier ones.
+    tuned on, in model order, so that work for later layers overlaps the timing of earlier ones.
     The weight is the one `_LayerTuning._tune` will hand them, bit for bit; the layers themselves
     are left as they are until tuned. Layers the inputs never reach are not prefetched."""
     for name, layer in layers.items():
@@ -248,10 +242,8 @@ def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, Tuple[tor
             continue
         weight = (layer.weight.detach() * _checked_mask(layer, name, masks.get(name))).to(policy.dtype)
         weight = (weight.unsqueeze(2) if layer.conv_dims == 1 else weight).contiguous()
-        shape, residual = input_shapes[name]
-        spec = layer.spec_for(torch.empty(shape, device="meta"))
-        prefetch_candidates(spec, weight, policy, device_type, backends, has_bias=layer.bias is not None,
-                            relu=layer.activation == "relu", residual=residual)
+        spec = layer.spec_for(torch.empty(input_shapes[name], device="meta"))
+        prefetch_candidates(spec, weight, policy, device_type, backends, has_bias=layer.bias is not None)
 
 
 class _LayerTuning:
