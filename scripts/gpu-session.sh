@@ -85,7 +85,7 @@ m = build_model('resnet50'); apply_dlmc_(m, 'magnitude_pruning-0.9', 0); torch.s
             >>"$OUT/artefact.log" 2>&1 || echo "artefact: failed"
         python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(70)" \
             /tmp/load-first.prof >"$OUT/load-profile.txt" 2>&1
-        grep -E "^loaded|wall|Error|tune|first load" "$OUT/artefact.log" ;;
+        grep -E "^(loaded|load time|tuning time|worker jobs|second load|first load)|Error" "$OUT/artefact.log" ;;
     tests-files)  # the gpu tests of TEST_FILES
         timeout "${TESTS_TIMEOUT_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
             -o faulthandler_timeout=120 ${TEST_FILES:?set TEST_FILES} >"$OUT/gpu-tests.log" 2>&1

@@ -56,6 +56,7 @@ def _cmd_bench_layers(args) -> None:
 
 def _cmd_bench_model(args) -> None:
     from .autotune.phases import format_phases
+    from .autotune.report import format_worker_jobs
     from .bench import bench_model, markdown_table, write_jsonl
 
     rows = bench_model(args.name, batch=args.batch, dtype=args.dtype, sparsity=args.sparsity,
@@ -68,8 +69,8 @@ def _cmd_bench_model(args) -> None:
     tuned = next((row["config"] for row in rows if row["backend"] != "cudnn"), None)
     if tuned and tuned["tune_phases_s"]:
         print("tuning time: " + format_phases(tuned["tune_phases_s"]))
-        for pool, times in tuned["tune_workers"].items():
-            print(f"worker jobs, {pool}: " + ", ".join(f"{key} {value:.1f}" for key, value in times.items()))
+        for line in format_worker_jobs(tuned["tune_workers"]):
+            print(line)
     print(f"\n{len(rows)} rows appended to {args.out}")
 
 

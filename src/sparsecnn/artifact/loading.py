@@ -41,7 +41,8 @@ def _sparse_layers(gm: fx.GraphModule) -> Dict[str, SparseConv2d]:
 
 
 def _skeleton(manifest: dict, path: Path) -> fx.GraphModule:
-    """The model's inference graph with empty (meta) tensors, checked against the recorded fusion."""
+    """The model's inference graph with uninitialised CPU tensors (`build_skeleton`), checked against
+    the recorded fusion."""
     model = manifest["model"]
     try:
         built = build_skeleton(model["name"], model.get("num_classes"))
@@ -71,9 +72,11 @@ def _load_state(gm: fx.GraphModule, manifest: dict, tensors: Dict[str, torch.Ten
     except (RuntimeError, ValueError, TypeError, KeyError) as error:
         raise ArtifactError(f"{path}: the stored weights or decisions do not fit model "
                             f"{manifest['model']['name']!r}: {error}") from error
-    left = [name for name, tensor in [*gm.named_parameters(), *gm.named_buffers()] if tensor.is_meta]
+    stored = set(gm.state_dict())  # strict loading assigned all of these; the skeleton's values remain elsewhere
+    left = [name for name, _ in gm.named_buffers() if name not in stored]
     if left:
-        raise ArtifactError(f"{path}: the weights file lacks {', '.join(left[:5])}")
+        raise ArtifactError(f"{path}: non-persistent buffers {', '.join(left[:5])} cannot be restored from the "
+                            "weights file")
 
 
 def _environment_change(manifest: dict, device: torch.device) -> Optional[str]:

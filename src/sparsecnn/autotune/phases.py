@@ -24,8 +24,6 @@ class PhaseClock:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-
 def format_phases(seconds: Dict[str, float]) -> str:
     """"name 1.2 s, other 0.3 s", in the dict's order."""
     return ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items())
-

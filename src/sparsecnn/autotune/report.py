@@ -40,6 +40,13 @@ def _shape(spec: ConvSpec) -> str:
             + (f" g{spec.groups}" if spec.groups != 1 else ""))
 
 
+def format_worker_jobs(worker_jobs: Dict[str, Dict[str, float]]) -> List[str]:
+    """One line per pool of `TuneReport.worker_jobs`."""
+    return [f"worker jobs, {pool}: {times['jobs']} jobs, queued {times['queued_s']:.1f} s, ran "
+            f"{times['ran_s']:.1f} s (longest {times['max_ran_s']:.1f} s), waited for {times['waited_s']:.1f} s"
+            for pool, times in worker_jobs.items()]
+
+
 @dataclasses.dataclass
 class ModelCheck:
     """The whole model timed twice after tuning (median ms, GPU work only on CUDA): with the tuned
@@ -64,8 +71,9 @@ class TuneReport:
     (None when not checked), the conv layers the example input never reached, the cache dir, and
     the whole-model check against dense (None when not run), and the wall seconds of each phase of
     tuning (`PhaseClock.seconds`; "total" is the whole call) and of the jobs run ahead in worker
-    processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict). The layer results are the per-layer
-    decisions; when the check kept dense, the layers run `model_check.dense_backend` instead."""
+    processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict). The layer results are
+    the per-layer decisions; when the check kept dense, the layers run `model_check.dense_backend`
+    instead."""
 
     layers: List[LayerResult]
     policy: str
@@ -105,9 +113,7 @@ class TuneReport:
             lines.append(self.model_check.format())
         if self.phase_s:
             lines.append("tuning time: " + format_phases(self.phase_s))
-        for pool, times in self.worker_jobs.items():
-            lines.append(f"worker jobs, {pool}: {times['jobs']} jobs, queued {times['queued_s']:.1f} s, ran "
-                         f"{times['ran_s']:.1f} s (longest {times['max_ran_s']:.1f} s), waited for {times['waited_s']:.1f} s")
+        lines += format_worker_jobs(self.worker_jobs)
         if self.unreached:
             lines.append(f"not reached by the example inputs (left as they were): {', '.join(self.unreached)}")
         return "\n".join(lines)

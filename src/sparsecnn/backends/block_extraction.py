@@ -9,11 +9,9 @@ across its configs). Results are the same either way: Algorithm 1 is determinist
 """
 from __future__ import annotations
 
-import atexit
 import hashlib
 import logging
 import pickle
-import threading
 from collections import OrderedDict
 from typing import Iterable, Tuple
 
@@ -45,16 +43,11 @@ _EXTRACTIONS: "OrderedDict[Key, BlockDecomposition]" = OrderedDict()
 
 
 def shutdown_extraction_workers() -> None:
-    """Stop the worker processes and forget the extractions they owe (also done at exit); the next
-    submission starts new ones, even after a failure."""
+    """Stop the worker processes and forget the extractions they owe (`workers` does it at exit);
+    the next submission starts new ones, even after a failure."""
     global _WORKERS
     _WORKERS.shutdown()
     _WORKERS = _new_workers()
-
-
-# concurrent.futures waits at exit for every job submitted, from threading's exit hooks, which run
-# before atexit's: so unstarted extractions are cancelled there (hooks run last registered first).
-getattr(threading, "_register_atexit", atexit.register)(shutdown_extraction_workers)
 
 
 def clear_extractions() -> None:

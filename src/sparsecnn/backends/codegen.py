@@ -14,7 +14,6 @@ Importing this module imports neither cuda-python nor CuPy and does not touch CU
 """
 from __future__ import annotations
 
-import atexit
 import hashlib
 import logging
 import threading
@@ -49,18 +48,6 @@ def _new_workers(**kwargs) -> WorkerPool:
 
 
 _WORKERS = _new_workers()
-
-
-def shutdown_compile_workers() -> None:
-    """Stop the worker processes and forget the compiles they owe (also done at exit)."""
-    global _WORKERS
-    _WORKERS.shutdown()
-    _WORKERS = _new_workers()
-
-
-# concurrent.futures waits at exit for every submitted job, from threading's exit hooks (run before
-# atexit's): unstarted compiles are cancelled there.
-getattr(threading, "_register_atexit", atexit.register)(shutdown_compile_workers)
 
 
 def _as_compiled_array(weight: torch.Tensor) -> np.ndarray:
