@@ -36,7 +36,8 @@ MAX_UNROLLED_WEIGHTS = 1 << 20
 # grows with the slices. On the H100 (ResNet-50 DLMC 0.9, fp32, N=32), auto with up to 4 slices
 # compiled 25 layers; codegen won 8 of the 12 one-slice layers (2.0-5.0x against dense) and 3 of
 # the 13 multi-slice ones (1.2x, 0.03 ms each), which took 75 s of the 98 s of compiling all 25 in
-# one process (one 4-slice layer: 20 s), and tuning waited 102 s for codegen compiles in all.
+# one process on a 2-core build machine (one 4-slice layer: 20 s); on the H100 machine, tuning
+# waited 102 s for codegen compiles in all.
 MAX_AUTO_SLICES = 1
 _INT32_MAX = 2**31 - 1
 WORKERS_ENV_VAR = "SPARSECNN_CODEGEN_WORKERS"
@@ -133,7 +134,8 @@ def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
 def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     """[the default config] when its plan has at most MAX_AUTO_SLICES slices, else []; [] for
     strided 1x1 layers (downsampling shortcuts): codegen never beat direct or dense on one in the
-    H100 model runs, and their templates compile slowly (resnet18-cifar's 128 -> 256: 61 s)."""
+    H100 model runs, and their templates compile slowly (resnet18-cifar's 128 -> 256: 61 s on a
+    2-core build machine)."""
     if (spec.R, spec.S) == (1, 1) and spec.stride != (1, 1):
         return []
     default = _configs(spec, dtype)[0]
