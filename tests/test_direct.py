@@ -29,15 +29,23 @@ if INTERPRET or torch.cuda.is_available():
 # Triton's interpreter converts a tensor loop bound with int() on a 1-element array (numpy warns).
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
-FORMATS = {"chunk": ChunkedCSRWeight, "ell": UniformELLWeight, "csr": OffsetCSRWeight}
+FORMATS = {"chunk": ChunkedCSRWeight, "ell": UniformELLWeight, "csr": OffsetCSRWeight, "batch": ChunkedCSRWeight}
 VARIANTS = list(FORMATS)
 
 
 def pack(weight, config):
     """The weight in the format of `config`'s variant."""
-    if config.variant == "chunk":
+    if config.variant in ("chunk", "batch"):
         return ChunkedCSRWeight.from_dense(weight, config.chunk)
     return FORMATS[config.variant].from_dense(weight)
+
+
+def first_config(variant):
+    """The first candidate of `variant` for SMALL; for "batch", whose sub_batch must divide N, one
+    image per program and 8 pixels, so that it runs on any batch size."""
+    if variant == "batch":
+        return DirectConfig(64, 1, 1, 1, 1, "batch", 4)
+    return next(c for c in candidate_configs(SMALL) if c.variant == variant)
 SMALL = ConvSpec(3, 3, 33, 13, 13, 3, 3, 2, 1, name="small")
 LARGE = ConvSpec(64, 64, 64, 56, 56, 3, 3, 1, 1, name="resnet-conv1")
 
@@ -94,7 +102,13 @@ def all_configs():
     corners = [DirectConfig(16, 64, 8, 4, 1, "ell"), DirectConfig(16, 64, 8, 4, 1, "csr"),
                DirectConfig(1024, 1, 1, 8, 2, "ell"), DirectConfig(32, 2, 8, 1, 1, "csr"),
                DirectConfig(16, 1, 8, 1, 1, "chunk", 4), DirectConfig(1024, 1, 1, 8, 1, "chunk", 32)]
-    return list(dict.fromkeys(candidate_configs(SMALL) + candidate_configs(LARGE) + corners))
+    batch = [DirectConfig(4, 1, 2, 1, 1, "batch", 4), DirectConfig(16, 1, 64, 1, 1, "batch", 32)]
+    return list(dict.fromkeys(candidate_configs(SMALL) + candidate_configs(LARGE) + corners + batch))
+
+
+def batch_for(config, default=3):
+    """A batch size `config` runs on: two image blocks for "batch" (its sub_batch divides N), else `default`."""
+    return 2 * config.sub_batch if config.variant == "batch" else default
 
 
 def config_id(config):
@@ -214,8 +228,10 @@ def test_direct_config_validation_names_the_field():
                          ids=lambda spec: f"N{spec.N}-C{spec.C}-K{spec.K}-{spec.H}x{spec.W}")
 def test_candidate_configs(spec):
     configs = candidate_configs(spec, torch.float32)
-    assert 4 <= len(configs) <= 12 and len(set(configs)) == len(configs)
-    assert {c.variant for c in configs} == set(VARIANTS)
+    assert 4 <= len(configs) <= 14 and len(set(configs)) == len(configs)
+    batch_ok = spec.N % 4 == 0
+    assert {c.variant for c in configs} == set(VARIANTS) - ({"batch"} if not batch_ok else set())
+    assert all(spec.N % c.sub_batch == 0 for c in configs if c.variant == "batch")
     assert configs[0].variant == "chunk"
     assert get_backend("direct").default_config(spec, torch.float16) == configs[0]
 
@@ -228,7 +244,8 @@ def test_auto_tries_the_configs_that_ever_won(spec):
     every = candidate_configs(spec, torch.float32)
     auto = triton_kernels.auto_configs(spec, torch.float32)
     assert auto[0] == every[0] and set(auto) < set(every)
-    assert {c.variant for c in auto} == {"chunk", "csr"} and max(c.block_pix for c in auto) <= 128
+    assert {c.variant for c in auto} == {"chunk", "csr"} | ({"batch"} if spec.N % 4 == 0 else set())
+    assert max(c.block_pix for c in auto if c.variant != "batch") <= 128
     offered = [c.config for c in candidates_for(spec, POLICIES["fp32"], "cuda") if c.backend == "direct"]
     assert offered == auto
     named = [c.config for c in candidates_for(spec, POLICIES["fp32"], "cuda", ["direct"]) if c.backend == "direct"]
@@ -243,7 +260,7 @@ def test_auto_tries_the_configs_that_ever_won(spec):
 def test_every_config(config):
     weight = sparse_weight(33, 3, 3, 3, 0.5, zero_channels=(0, 17, 32))
     bias = torch.randn(33)
-    check_fp32(inputs(3, 3, 13, 13), weight, bias, 2, 1, config, zero_channels=(0, 17, 32))
+    check_fp32(inputs(batch_for(config), 3, 13, 13), weight, bias, 2, 1, config, zero_channels=(0, 17, 32))
 
 
 SHAPES = [(kernel, stride, padding) for kernel, stride, padding in itertools.product((1, 3, 5, 7), (1, 2), range(4))]
@@ -258,7 +275,7 @@ def test_shapes(kernel, stride, padding, variant):
     batch = (1, 3)[case % 2]
     weight = sparse_weight(33, 3, kernel, kernel, sparsity, zero_channels=(5,), seed=case)
     bias = torch.randn(33) if case % 4 else None
-    config = next(c for c in candidate_configs(SMALL) if c.variant == variant)
+    config = first_config(variant)
     check_fp32(inputs(batch, 3, 13, 13, seed=case), weight, bias, stride, padding, config, zero_channels=(5,))
 
 
@@ -267,7 +284,7 @@ def test_shapes(kernel, stride, padding, variant):
 @pytest.mark.parametrize("relu", [False, True])
 def test_zero_weight_gives_exactly_the_bias(variant, relu):
     bias = torch.randn(33)
-    config = next(c for c in candidate_configs(SMALL) if c.variant == variant)
+    config = first_config(variant)
     y = run(inputs(2, 3, 13, 13), torch.zeros(33, 3, 3, 3), bias, 1, 1, config, relu=relu)
     want = bias.clamp(min=0) if relu else bias
     assert torch.equal(y, want.view(1, -1, 1, 1).expand_as(y))
@@ -277,7 +294,7 @@ def test_zero_weight_gives_exactly_the_bias(variant, relu):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fused_relu_and_no_bias(variant):
     weight = sparse_weight(33, 3, 3, 3, 0.8, zero_channels=(3,))
-    config = next(c for c in candidate_configs(SMALL) if c.variant == variant)
+    config = first_config(variant)
     x = inputs(3, 3, 13, 13)
     check_fp32(x, weight, torch.randn(33), 1, 2, config, relu=True, zero_channels=(3,))
     check_fp32(x, weight, None, 1, 2, config, relu=True, zero_channels=(3,))
@@ -288,7 +305,7 @@ def test_fused_relu_and_no_bias(variant):
 def test_conv1d_as_h1(variant):
     spec = ConvSpec(2, 3, 33, 1, 29, 1, 5, (1, 2), (0, 2))
     weight = sparse_weight(33, 3, 1, 5, 0.5, zero_channels=(1,))
-    for config in [c for c in candidate_configs(spec) if c.variant == variant][:2]:
+    for config in ([c for c in candidate_configs(spec) if c.variant == variant][:2] or [first_config(variant)]):
         check_fp32(inputs(2, 3, 1, 29), weight, torch.randn(33), spec.stride, spec.padding, config,
                    zero_channels=(1,))
 
@@ -304,8 +321,46 @@ def test_non_contiguous_inputs(layout, padding):
     assert not x.is_contiguous()
     weight = sparse_weight(33, 3, 3, 3, 0.9)
     for variant in VARIANTS:
-        config = next(c for c in candidate_configs(SMALL) if c.variant == variant)
+        config = first_config(variant)
         check_fp32(x, weight, torch.randn(33), 1, padding, config)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("out_layout", ["nchw", "batch_inner"])
+@pytest.mark.parametrize("in_layout", ["nchw", "batch_inner", "channels_last"])
+def test_batch_variant_layouts_and_residual(in_layout, out_layout):
+    from sparsecnn.kernels.triton.direct_batch import batch_inner_view, is_batch_inner
+
+    base = inputs(8, 3, 13, 13)
+    x = {"nchw": base, "channels_last": base.to(memory_format=torch.channels_last),
+         "batch_inner": batch_inner_view(base.shape, base.dtype, base.device).copy_(base)}[in_layout]
+    assert is_batch_inner(x) == (in_layout == "batch_inner")
+    weight = sparse_weight(33, 3, 3, 3, 0.8, zero_channels=(2,))
+    bias = torch.randn(33)
+    config = DirectConfig(16, 1, 4, 1, 1, "batch", 8)
+    shape = (8, 33, 13, 13)
+    residual = inputs(*shape, seed=3)  # NCHW: the launcher reads it in out's layout
+    out = torch.full(shape, float("nan")) if out_layout == "nchw" else batch_inner_view(shape, x.dtype, x.device).fill_(
+        float("nan"))
+    y = direct_conv2d(x, pack(weight, config), bias, 1, 1, config, relu=True, residual=residual, out=out)
+    assert y is out and is_batch_inner(y) == (out_layout == "batch_inner")
+    want = (expected(x, weight, bias, 1, 1) + residual.double()).clamp(min=0)
+    assert relative_error(y, want) < 1e-5
+
+
+@needs_interpreter
+def test_batch_variant_errors():
+    weight = ChunkedCSRWeight.from_dense(sparse_weight(33, 3, 3, 3, 0.8), 8)
+    config = DirectConfig(16, 1, 4, 1, 1, "batch", 8)
+    with pytest.raises(ValueError, match="sub_batch=4 must divide the batch size N=6"):
+        direct_conv2d(inputs(6, 3, 13, 13), weight, None, 1, 1, config)
+    with pytest.raises(ValueError, match="out must be a contiguous or batch-innermost"):
+        direct_conv2d(inputs(8, 3, 13, 13), weight, None, 1, 1, config,
+                      out=torch.empty(8, 33, 13, 13).to(memory_format=torch.channels_last))
+    with pytest.raises(ValueError, match="sub_batch"):
+        DirectConfig(16, 1, 128, 8, 1, "batch", 8)
+    with pytest.raises(ValueError, match="block_k must be 1"):
+        DirectConfig(16, 4, 4, 1, 1, "batch", 8)
 
 
 @needs_interpreter
@@ -351,14 +406,15 @@ def test_default_config_and_argument_errors():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_backend_prepare_run_and_sparse_conv(variant):
     backend = get_backend("direct")
-    config = next(c for c in backend.configs(SMALL, torch.float32) if c.variant == variant)
+    spec = SMALL.with_batch(4)  # "batch" needs a power-of-two divisor of N >= 4
+    config = next(c for c in backend.configs(spec, torch.float32) if c.variant == variant)
     assert backend.config_from_dict(dataclasses.asdict(config)) == config
     weight = sparse_weight(33, 3, 3, 3, 0.9)
     bias = torch.randn(33)
-    x = inputs(3, 3, 13, 13)
+    x = inputs(4, 3, 13, 13)
     packed = backend.prepare(weight, config)
     assert isinstance(packed, FORMATS[variant])
-    y = backend.run(x, packed, bias, SMALL, config)
+    y = backend.run(x, packed, bias, spec, config)
     assert relative_error(y, expected(x, weight, bias, 2, 1)) < 1e-5
 
     conv1d = torch.nn.Conv1d(3, 33, 5, stride=2, padding=2)
@@ -405,7 +461,7 @@ def test_gpu_resnet_conv1(dtype):
     x = inputs(2, 64, 56, 56, device="cuda", dtype=dtype)
     ref = expected(x, weight, bias, 1, 1, relu=True)
     limit = 1e-5 if dtype == torch.float32 else 2 * cudnn_error(x, weight, bias, 1, 1, relu=True) + 1e-5
-    for config in candidate_configs(spec, dtype) + candidate_configs(LARGE, dtype):
+    for config in [c for c in candidate_configs(spec, dtype) + candidate_configs(LARGE, dtype) if c.variant != "batch"]:
         for memory_format in (torch.contiguous_format, torch.channels_last):
             y = run(x.to(memory_format=memory_format), weight, bias, 1, 1, config, relu=True)
             assert relative_error(y, ref) <= limit, (config, memory_format)
@@ -416,10 +472,43 @@ def test_gpu_resnet_conv1(dtype):
 def test_gpu_zero_weight_and_conv1d():
     bias = torch.randn(33, device="cuda")
     for config in all_configs():
-        y = run(inputs(3, 3, 13, 13, device="cuda"), torch.zeros(33, 3, 3, 3, device="cuda"), bias, 1, 1, config)
+        y = run(inputs(batch_for(config), 3, 13, 13, device="cuda"), torch.zeros(33, 3, 3, 3, device="cuda"), bias, 1,
+                1, config)
         assert torch.equal(y, bias.view(1, -1, 1, 1).expand_as(y)), config
         weight = sparse_weight(33, 3, 1, 5, 0.5, device="cuda")
-        check_fp32(inputs(2, 3, 1, 29, device="cuda"), weight, bias, (1, 2), (0, 2), config)
+        check_fp32(inputs(batch_for(config, 2), 3, 1, 29, device="cuda"), weight, bias, (1, 2), (0, 2), config)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("batch", [32, 8])
+def test_gpu_batch_variant(dtype, batch):
+    """Every "batch" candidate of a batch of 32 or 8 (vector loads on the GPU), NCHW and
+    batch-innermost input and output, odd shapes, fused residual and ReLU."""
+    from sparsecnn.kernels.triton.direct_batch import batch_inner_view
+
+    weight = sparse_weight(33, 19, 3, 3, 0.9, zero_channels=(4,), device="cuda").to(dtype)
+    bias = torch.randn(33, device="cuda").to(dtype)
+    for stride, padding in ((1, 1), (2, 0), (1, 3)):
+        spec = ConvSpec(batch, 19, 33, 13, 13, 3, 3, stride, padding)
+        x = inputs(batch, 19, 13, 13, device="cuda", dtype=dtype)
+        residual = inputs(*spec.output_shape, seed=2, device="cuda", dtype=dtype)
+        ref = (expected(x, weight, bias, stride, padding) + residual.double()).clamp(min=0)
+        cudnn = relative_error(
+            (torch.nn.functional.conv2d(x.to(memory_format=torch.channels_last), weight, bias, stride, padding)
+             + residual).clamp(min=0), ref)
+        limit = 1e-5 if dtype == torch.float32 else 2 * cudnn + 1e-5
+        configs = [c for c in candidate_configs(spec, dtype) if c.variant == "batch"]
+        assert configs
+        for config in configs:
+            packed = pack(weight, config)
+            for inner in (False, True):
+                source = batch_inner_view(x.shape, dtype, x.device).copy_(x) if inner else x
+                out = (batch_inner_view(spec.output_shape, dtype, x.device) if inner
+                       else torch.empty(spec.output_shape, dtype=dtype, device="cuda")).fill_(float("nan"))
+                direct_conv2d(source, packed, bias, stride, padding, config, relu=True, residual=residual, out=out)
+                assert relative_error(out, ref) <= limit, (config, stride, padding, inner)
 
 
 def test_chunked_rows_pad_to_the_chunk_and_decode():

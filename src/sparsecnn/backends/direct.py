@@ -28,7 +28,7 @@ def _kernels():
 
 def _prepare(weight: torch.Tensor, config: Any):
     """Dense (K, C, R, S) weight -> the format of the config's variant (chunked CSR of 8 when None)."""
-    if config is None or config.variant == "chunk":
+    if config is None or config.variant in ("chunk", "batch"):
         return ChunkedCSRWeight.from_dense(weight, 8 if config is None else config.chunk)
     return UniformELLWeight.from_dense(weight) if config.variant == "ell" else OffsetCSRWeight.from_dense(weight)
 

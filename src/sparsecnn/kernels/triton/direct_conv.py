@@ -49,10 +49,12 @@ from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
 from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
                        pow2_at_least, stride_padding)
+from .direct_batch import is_batch_inner, launch_batch, padded_batch_inner
 from .epilogue import store_epilogue
 
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
-VARIANTS = ("chunk", "ell", "csr")
+VARIANTS = ("chunk", "ell", "csr", "batch")
+_CHUNKED_VARIANTS = ("chunk", "batch")  # one channel per program, on a `ChunkedCSRWeight`
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
 _MAX_ACC_PER_THREAD = 128  # beyond this the accumulators alone spill registers
@@ -189,8 +191,10 @@ class DirectConfig:
     program (power of two, 1..64); sub_batch: images per program (the paper's sbS: 1, 2, 4, 8);
     num_warps: 1, 2, 4, 8; num_stages: Triton software-pipelining depth (1..4; the loop has no
     tl.dot, so Triton does not pipeline it and 1 is the expected choice); variant: "chunk", "ell"
-    or "csr"; chunk: non-zeros per step of the "chunk" variant (power of two, 4..32; the other
-    variants ignore it). "chunk" computes one channel per program, so it needs block_k = 1.
+    or "csr", or "batch" (`direct_batch`: batch-innermost input, sub_batch = images per program,
+    1..64, a divisor of N, and block_pix from 1); chunk: non-zeros per step of "chunk" and "batch"
+    (power of two, 4..32; the other variants ignore it). "chunk" and "batch" compute one channel per
+    program, so they need block_k = 1.
     """
 
     block_pix: int = 128
@@ -202,17 +206,18 @@ class DirectConfig:
     chunk: int = 8
 
     def __post_init__(self):
-        check_pow2_field("DirectConfig", "block_pix", self.block_pix, 16, 1024)
+        batch = self.variant == "batch"
+        check_pow2_field("DirectConfig", "block_pix", self.block_pix, 1 if batch else 16, 1024)
         check_pow2_field("DirectConfig", "block_k", self.block_k, 1, 64)
-        check_pow2_field("DirectConfig", "sub_batch", self.sub_batch, 1, 8)
+        check_pow2_field("DirectConfig", "sub_batch", self.sub_batch, 1, 64 if batch else 8)
         check_pow2_field("DirectConfig", "num_warps", self.num_warps, 1, 8)
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 4:
             raise ValueError(f"DirectConfig.num_stages must be an int in 1..4, got {self.num_stages!r}")
         if self.variant not in VARIANTS:
             raise ValueError(f"DirectConfig.variant must be one of {VARIANTS}, got {self.variant!r}")
         check_pow2_field("DirectConfig", "chunk", self.chunk, 4, 32)
-        if self.variant == "chunk" and self.block_k != 1:
-            raise ValueError(f"DirectConfig.block_k must be 1 for variant 'chunk', got {self.block_k}")
+        if self.variant in _CHUNKED_VARIANTS and self.block_k != 1:
+            raise ValueError(f"DirectConfig.block_k must be 1 for variant {self.variant!r}, got {self.block_k}")
         per_thread = self.block_k * self.sub_batch * self.block_pix // (32 * self.num_warps)
         if per_thread > _MAX_ACC_PER_THREAD:
             raise ValueError(f"DirectConfig.num_warps={self.num_warps} too few: block_k * sub_batch * block_pix"
@@ -284,12 +289,13 @@ def _chunked(spec: ConvSpec, block_pix: int, sub_batch: int, chunk: int, acc_per
 
 
 def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
-    """Configs for the autotuner, heuristic default first; <= 9, distinct.
+    """Configs for the autotuner, heuristic default first; <= 14, distinct.
 
     First the "chunk" variant, fastest on an H200 (benchmarks/results: 1.3-1.6x the one-step loop on
     resnet-conv1, r50 1x1, r18-cifar layers): one warp per 128-256 (pixel, image) lanes won
     everywhere measured, with chunks of 8 or 16. Then the uniform-ELL default (`_default_sizes`),
-    CSR with a small channel block, and the paper's layout (one channel, sbS = 4) for comparison.
+    CSR with a small channel block, and the paper's layout (one channel, sbS = 4) for comparison;
+    last the batch-innermost variant (`_batch_configs`) where the batch allows it.
     `dtype` does not change the list today (the kernel's cost is per load rather than per byte).
     """
     pix, bk, sb = _default_sizes(spec)
@@ -303,8 +309,22 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> Lis
         _sized(spec, pix, min(bk, 4), 2 * sb, "csr", acc_per_thread=64),
         _sized(spec, pix, 1, 4, "ell"),
         _sized(spec, pix, 1, 4, "csr"),
+        *_batch_configs(spec),
     ]
     return list(dict.fromkeys(configs))
+
+
+def _batch_configs(spec: ConvSpec) -> List[DirectConfig]:
+    """Variant "batch" when N has a power-of-two divisor >= 4 (below that a thread's images are too
+    few for vector loads): BLOCK_N = that divisor up to 32, tiles of 256-1024 (pixel, image) lanes
+    per warp, i.e. 8-32 accumulators per thread."""
+    block_n = min(32, spec.N & -spec.N) if spec.N > 0 else 0
+    if block_n < 4:
+        return []
+    max_pix = max(1, pow2_at_least(spec.P * spec.Q))
+    shapes = ((512, 1, 8), (512, 1, 16), (1024, 2, 8), (1024, 1, 8), (256, 1, 8))  # (lanes, warps, chunk)
+    return [DirectConfig(min(max(lanes // block_n, 1), max_pix), 1, block_n, warps, 1, "batch", chunk)
+            for lanes, warps, chunk in shapes]
 
 
 def auto_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
@@ -318,7 +338,8 @@ def auto_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[Dir
 
 def check_weight_variant(weight: DirectWeight, config: DirectConfig) -> None:
     """TypeError unless `weight` is the format of config.variant."""
-    expected = {"chunk": ChunkedCSRWeight, "ell": UniformELLWeight, "csr": OffsetCSRWeight}[config.variant]
+    expected = {"chunk": ChunkedCSRWeight, "batch": ChunkedCSRWeight, "ell": UniformELLWeight,
+                "csr": OffsetCSRWeight}[config.variant]
     if not isinstance(weight, expected):
         raise TypeError(f"config.variant={config.variant!r} needs a {expected.__name__} weight, "
                         f"got {type(weight).__name__}")
@@ -352,10 +373,23 @@ def _check_bias(bias: Optional[torch.Tensor], kernel_k: int, x: torch.Tensor) ->
                          f"got {bias.dtype} {tuple(bias.shape)} on {bias.device}")
 
 
-def _check_out(out: torch.Tensor, shape: Tuple[int, ...], x: torch.Tensor) -> None:
-    if out.shape != shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {shape} on {x.device}, "
-                         f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+def _check_out(out: torch.Tensor, shape: Tuple[int, ...], x: torch.Tensor, variant: str) -> None:
+    """NCHW-contiguous out (or, for variant "batch", also batch-innermost) of x's dtype and device."""
+    layout_ok = out.is_contiguous() or (variant == "batch" and is_batch_inner(out))
+    if out.shape != shape or out.dtype != x.dtype or out.device != x.device or not layout_ok:
+        layouts = "contiguous or batch-innermost" if variant == "batch" else "contiguous"
+        raise ValueError(f"out must be a {layouts} {x.dtype} tensor of shape {shape} on {x.device}, "
+                         f"got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
+
+
+def _check_batch_variant(spec: ConvSpec, config: DirectConfig) -> None:
+    """Variant "batch": sub_batch divides N, and offsets over the padded input fit int32."""
+    if spec.N % config.sub_batch:
+        raise ValueError(f"config.sub_batch={config.sub_batch} must divide the batch size N={spec.N} "
+                         f"(variant 'batch')")
+    padded = spec.C * (spec.H + 2 * spec.padding[0]) * (spec.W + 2 * spec.padding[1]) * spec.N
+    if padded > _INT32_MAX:
+        raise ValueError(f"variant 'batch': the padded input of {padded} elements exceeds int32 offsets")
 
 
 def _padded_nchw(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
@@ -462,17 +496,27 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
     check_residual(residual, spec.output_shape, x)
     if kernel_k * spec.P * spec.Q > _INT32_MAX:
         raise ValueError(f"one output image of {kernel_k}x{spec.P}x{spec.Q} exceeds int32 offsets")
+    if config.variant == "batch":
+        _check_batch_variant(spec, config)
     shape = spec.output_shape
     if out is None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device)
     else:
-        _check_out(out, shape, x)
+        _check_out(out, shape, x, config.variant)
     if n == 0:
         return out
-    xp = _padded_nchw(x, ph, pw)
-    epilogue = (None if bias is None else bias.contiguous(), None if residual is None else residual.contiguous())
+    bias = None if bias is None else bias.contiguous()
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # Triton uses the current device
-        _launch(xp, (values, offsets, row_ptr, row_order), epilogue, out, spec, config, relu)
+        if config.variant == "batch":
+            if residual is not None and residual.stride() != out.stride():
+                residual = torch.empty_like(out).copy_(residual)  # the epilogue reads it at out's offsets
+            launch_batch(padded_batch_inner(x, ph, pw), _nonempty(values), _nonempty(offsets), row_ptr, bias,
+                         residual, out, spec.stride, relu, config.block_pix, config.sub_batch, config.chunk,
+                         config.num_warps)
+        else:
+            epilogue = (bias, None if residual is None else residual.contiguous())
+            _launch(_padded_nchw(x, ph, pw), (values, offsets, row_ptr, row_order), epilogue, out, spec, config,
+                    relu)
     return out
 
 

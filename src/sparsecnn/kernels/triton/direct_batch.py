@@ -1,0 +1,119 @@
+"""Direct sparse convolution with the batch innermost (variant "batch" of `direct_conv`).
+
+Why. The NCHW direct kernel gathers, per non-zero, consecutive output pixels of a row from input
+positions shifted by the tap (r, s): the loads are 4-byte, start at any alignment and a warp's 32
+of them span two 128-byte L1 lines, so the kernel is bound by L1 wavefronts (~16 fp32 FMAs per
+clock per SM). Here the input is padded and laid out (C, Hp, Wp, N): for one non-zero the same
+input position of BLOCK_N consecutive images is contiguous and aligned (N % BLOCK_N == 0 and, when
+N is a multiple of 16, Triton knows it), so each thread issues 128-bit loads and a warp's load
+covers whole lines: about twice the multiply-adds per L1 wavefront.
+
+Algorithm. One program: one output channel k, BLOCK_PIX output pixels, BLOCK_N images. It walks
+row k of a `ChunkedCSRWeight` CHUNK non-zeros per step (unrolled, so the step's CHUNK gathers are
+in flight together):
+    acc[p, n] += w[k, j] * x_padded[base[p] + offset[k, j], n]
+The offsets are the NCHW ones (c*Hp*Wp + r*Wp + s): in this layout they count positions of N
+elements. Accumulation is float32; output dtype = input dtype.
+
+Layouts. The launcher writes the padded (C, Hp, Wp, N) input in one copy from any layout (a copy
+from the batch-innermost view `(N, C, H, W)` with strides (1, H*W*N, W*N, N), which this kernel
+can write, is coalesced on both sides). The output is (N, K, P, Q) either contiguous NCHW or in
+that batch-innermost view (`batch_inner_output`), so a following batch layer reads it with a
+coalesced copy; the residual is read in the output's layout.
+Grid: 1-D, channels fastest (programs that run together read the same input tile from L2), then
+pixel tiles, then image blocks.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+import torch
+
+from .epilogue import store_epilogue
+
+
+@triton.jit
+def _direct_batch_kernel(
+    x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr,
+    N, K, PQ, Q, row_step, col_step, y_stride_n, y_stride_k, y_stride_pix,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr,
+    BLOCK_PIX: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """y[n, k, p] = act(bias[k] + sum_j w[j] * x[pix_base[p] + off[j], n] + residual[n, k, p]).
+
+    x_ptr: padded contiguous (C, Hp, Wp, N); N % BLOCK_N == 0. y and residual: (N, K, P, Q) at
+    strides (y_stride_n, y_stride_k, y_stride_pix). row_step = stride_h * Wp, col_step = stride_w
+    (in positions). val/off/row_ptr: a `ChunkedCSRWeight` (rows padded to multiples of CHUNK).
+    """
+    pid = tl.program_id(0)
+    k = pid % K
+    tile = (pid // K) % tl.cdiv(PQ, BLOCK_PIX)
+    n_block = pid // (K * tl.cdiv(PQ, BLOCK_PIX))
+    pix = tile * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
+    pix_ok = pix < PQ
+    pix_in = tl.minimum(pix, PQ - 1)   # clamped for loading, masked at the store
+    oh = pix_in // Q
+    x_pos = oh * row_step + (pix_in - oh * Q) * col_step
+    img = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    x_tile = x_ptr + (x_pos * N)[:, None] + img[None, :]   # [PIX, N] pointers, contiguous along N
+    start = tl.load(row_ptr_ptr + k)
+    end = tl.load(row_ptr_ptr + k + 1)
+    acc = tl.zeros([BLOCK_PIX, BLOCK_N], dtype=tl.float32)
+    for j in range(start, end, CHUNK):
+        for c in tl.static_range(CHUNK):
+            w = tl.load(val_ptr + j + c)
+            off = tl.load(off_ptr + j + c)
+            acc = tl.fma(tl.load(x_tile + off * N).to(tl.float32), w, acc)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + k).to(tl.float32)
+    y_offs = pix[:, None] * y_stride_pix + img[None, :].to(tl.int64) * y_stride_n + k * y_stride_k
+    mask = pix_ok[:, None] & (img < N)[None, :]
+    store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
+
+
+def batch_inner_view(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised (N, C, H, W) tensor stored as (C, H, W, N): strides (1, H*W*N, W*N, N)."""
+    n, c, h, w = shape
+    return torch.empty(c, h, w, n, dtype=dtype, device=device).permute(3, 0, 1, 2)
+
+
+def is_batch_inner(t: torch.Tensor) -> bool:
+    """Whether the (N, C, H, W) tensor `t` is stored densely as (C, H, W, N)."""
+    return t.permute(1, 2, 3, 0).is_contiguous()
+
+
+def padded_batch_inner(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
+    """(N, C, H, W) in any layout -> contiguous (C, H + 2 pad_h, W + 2 pad_w, N) with a zero border."""
+    n, c, h, w = x.shape
+    if pad_h == 0 and pad_w == 0 and is_batch_inner(x):
+        return x.permute(1, 2, 3, 0)
+    padded = x.new_empty(c, h + 2 * pad_h, w + 2 * pad_w, n)
+    padded[:, :pad_h].zero_()
+    padded[:, pad_h + h:].zero_()
+    padded[:, pad_h:pad_h + h, :pad_w].zero_()
+    padded[:, pad_h:pad_h + h, pad_w + w:].zero_()
+    padded[:, pad_h:pad_h + h, pad_w:pad_w + w].copy_(x.permute(1, 2, 3, 0))
+    return padded
+
+
+def launch_batch(xp: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, row_ptr: torch.Tensor,
+                 bias, residual, out: torch.Tensor, stride, relu: bool,
+                 block_pix: int, block_n: int, chunk: int, num_warps: int) -> None:
+    """Launch on the padded (C, Hp, Wp, N) input `xp`, writing `out` (N, K, P, Q) at its strides.
+
+    residual: None or a tensor with out's strides; bias: (K,) contiguous or None.
+    The caller has checked shapes, dtypes and that N % block_n == 0.
+    """
+    _, hp, wp, n = xp.shape
+    _, k, p, q = out.shape
+    pq = p * q
+    stride_n, stride_k, _, stride_pix = out.stride()
+    grid = (k * triton.cdiv(pq, block_pix) * (n // block_n),)
+    _direct_batch_kernel[grid](
+        xp, values, offsets, row_ptr, bias if bias is not None else out,
+        residual if residual is not None else out, out,
+        n, k, pq, q, stride[0] * wp, stride[1], stride_n, stride_k, stride_pix,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu,
+        BLOCK_PIX=block_pix, BLOCK_N=block_n, CHUNK=chunk, num_warps=num_warps, num_stages=1,
+    )
