@@ -349,6 +349,22 @@ def test_batch_variant_layouts_and_residual(in_layout, out_layout):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "sliced", "batch_inner"])
+@pytest.mark.parametrize("pad", [(0, 0), (1, 2), (3, 0)])
+def test_padded_batch_inner_matches_torch(layout, pad):
+    from sparsecnn.kernels.triton.direct_batch import batch_inner_view, padded_batch_inner
+
+    base = inputs(5, 3, 7, 22)
+    x = {"nchw": base[..., :11].contiguous(), "channels_last": base[..., :11].to(memory_format=torch.channels_last),
+         "sliced": base[..., ::2], "batch_inner": batch_inner_view((5, 3, 7, 11), base.dtype, base.device)}[layout]
+    if layout == "batch_inner":
+        x.copy_(base[..., :11])
+    want = torch.nn.functional.pad(x, (pad[1], pad[1], pad[0], pad[0])).permute(1, 2, 3, 0)
+    got = padded_batch_inner(x, *pad)
+    assert got.is_contiguous() and torch.equal(got, want)
+
+
+@needs_interpreter
 def test_batch_variant_errors():
     weight = ChunkedCSRWeight.from_dense(sparse_weight(33, 3, 3, 3, 0.8), 8)
     config = DirectConfig(16, 1, 4, 1, 1, "batch", 8)

@@ -316,13 +316,14 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> Lis
 
 def _batch_configs(spec: ConvSpec) -> List[DirectConfig]:
     """Variant "batch" when N has a power-of-two divisor >= 4 (below that a thread's images are too
-    few for vector loads): BLOCK_N = that divisor up to 32, tiles of 256-1024 (pixel, image) lanes
-    per warp, i.e. 8-32 accumulators per thread."""
+    few for vector loads): BLOCK_N = that divisor up to 32, one warp on 128-512 (pixel, image)
+    lanes, i.e. 4-16 accumulators per thread (on the H100, 256 lanes won 13 of 22 ResNet-50 layers
+    against 512 and 1024: `benchmarks/results/2026-11-22-h100-s6-direct-batch.jsonl`)."""
     block_n = min(32, spec.N & -spec.N) if spec.N > 0 else 0
     if block_n < 4:
         return []
     max_pix = max(1, pow2_at_least(spec.P * spec.Q))
-    shapes = ((512, 1, 8), (512, 1, 16), (1024, 2, 8), (1024, 1, 8), (256, 1, 8))  # (lanes, warps, chunk)
+    shapes = ((256, 1, 8), (256, 1, 16), (128, 1, 8), (512, 1, 8), (512, 1, 16))  # (lanes, warps, chunk)
     return [DirectConfig(min(max(lanes // block_n, 1), max_pix), 1, block_n, warps, 1, "batch", chunk)
             for lanes, warps, chunk in shapes]
 
