@@ -115,7 +115,10 @@ direct_conv2d = custom_op("sparsecnn::direct_conv2d", direct_conv2d_eager, mutat
 @register_fake("sparsecnn::direct_conv2d")
 def _direct_conv2d_fake(x, values, offsets, row_ptr, row_order, bias, residual, kernel_shape, padded_hw, stride,
                         padding, config, relu):
-    return _fake_output(x, residual, kernel_shape, stride, padding)
+    from .kernels.triton.direct_conv import new_output
+
+    contiguous = _fake_output(x, residual, kernel_shape, stride, padding)
+    return new_output(contiguous.shape, x, _direct_config(config))
 
 
 # --- blocks -------------------------------------------------------------------------------------

@@ -71,7 +71,8 @@ class TuneReport:
     (None when not checked), the conv layers the example input never reached, the cache dir, and
     the whole-model check against dense (None when not run), and the wall seconds of each phase of
     tuning (`PhaseClock.seconds`; "total" is the whole call) and of the jobs run ahead in worker
-    processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict). The layer results are
+    processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict), and the `direct` "batch"
+    layers that write batch-innermost outputs (`nn.layout`). The layer results are
     the per-layer decisions; when the check kept dense, the layers run `model_check.dense_backend`
     instead."""
 
@@ -83,6 +84,7 @@ class TuneReport:
     model_check: Optional[ModelCheck] = None
     phase_s: Dict[str, float] = dataclasses.field(default_factory=dict)
     worker_jobs: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict)
+    batch_inner_outputs: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def total_ms(self) -> float:

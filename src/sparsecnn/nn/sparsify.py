@@ -24,6 +24,7 @@ from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
 from ..backends.workers import job_times, reset_job_times
 from ..kernels.reference import relative_error
+from .layout import keep_batch_inner_outputs
 from .sparse_conv import SparseConv2d
 
 FilterFn = Callable[[str, nn.Module], bool]
@@ -177,11 +178,16 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 _replace(model, name, originals[name])
         _log_notes(tuning.results.values())
         tuned = {name: layers[name] for name in tuning.results}
-        with torch.no_grad(), tf32_flags(False), clock.phase("model check"):
-            check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, policy, device.type, timer)
+        with torch.no_grad(), tf32_flags(False):
+            with clock.phase("layouts"):
+                batch_inner = keep_batch_inner_outputs(model, lambda: model(*_cast(inputs, policy.dtype)), tuned,
+                                                       timer)
+            with clock.phase("model check"):
+                check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, policy, device.type, timer)
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory), check, clock.seconds,
-                      {pool: dataclasses.asdict(times) for pool, times in job_times().items()})
+                      {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
+                      batch_inner if check.kept == "tuned" else [])
 
 
 def _dense_backend(policy: PrecisionPolicy, device_type: str) -> str:

@@ -49,11 +49,12 @@ from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
 from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
                        pow2_at_least, stride_padding)
-from .direct_batch import is_batch_inner, launch_batch, padded_batch_inner
+from .direct_batch import batch_inner_view, is_batch_inner, launch_batch, padded_batch_inner
 from .epilogue import store_epilogue
 
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
 VARIANTS = ("chunk", "ell", "csr", "batch")
+OUT_LAYOUTS = ("nchw", "batch_inner")
 _CHUNKED_VARIANTS = ("chunk", "batch")  # one channel per program, on a `ChunkedCSRWeight`
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
@@ -194,7 +195,9 @@ class DirectConfig:
     or "csr", or "batch" (`direct_batch`: batch-innermost input, sub_batch = images per program,
     1..64, a divisor of N, and block_pix from 1); chunk: non-zeros per step of "chunk" and "batch"
     (power of two, 4..32; the other variants ignore it). "chunk" and "batch" compute one channel per
-    program, so they need block_k = 1.
+    program, so they need block_k = 1. out_layout: the layout of a new output, "nchw" (contiguous)
+    or, for "batch" only, "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N), which a following
+    "batch" layer reads without a transpose); not tuned: `nn.sparsify` sets it between batch layers.
     """
 
     block_pix: int = 128
@@ -204,6 +207,7 @@ class DirectConfig:
     num_stages: int = 1
     variant: str = "ell"
     chunk: int = 8
+    out_layout: str = "nchw"
 
     def __post_init__(self):
         batch = self.variant == "batch"
@@ -216,6 +220,9 @@ class DirectConfig:
         if self.variant not in VARIANTS:
             raise ValueError(f"DirectConfig.variant must be one of {VARIANTS}, got {self.variant!r}")
         check_pow2_field("DirectConfig", "chunk", self.chunk, 4, 32)
+        if self.out_layout not in OUT_LAYOUTS or (self.out_layout != "nchw" and not batch):
+            raise ValueError(f"DirectConfig.out_layout must be one of {OUT_LAYOUTS} ('batch_inner' only for variant "
+                             f"'batch'), got {self.out_layout!r} with variant {self.variant!r}")
         if self.variant in _CHUNKED_VARIANTS and self.block_k != 1:
             raise ValueError(f"DirectConfig.block_k must be 1 for variant {self.variant!r}, got {self.block_k}")
         per_thread = self.block_k * self.sub_batch * self.block_pix // (32 * self.num_warps)
@@ -323,7 +330,7 @@ def _batch_configs(spec: ConvSpec) -> List[DirectConfig]:
     if block_n < 4:
         return []
     max_pix = max(1, pow2_at_least(spec.P * spec.Q))
-    shapes = ((256, 1, 8), (256, 1, 16), (128, 1, 8), (512, 1, 8), (512, 1, 16))  # (lanes, warps, chunk)
+    shapes = ((256, 1, 8), (256, 1, 16), (128, 1, 8), (512, 1, 8), (64, 1, 8))  # (lanes, warps, chunk)
     return [DirectConfig(min(max(lanes // block_n, 1), max_pix), 1, block_n, warps, 1, "batch", chunk)
             for lanes, warps, chunk in shapes]
 
@@ -331,10 +338,18 @@ def _batch_configs(spec: ConvSpec) -> List[DirectConfig]:
 def auto_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
     """The candidates `backend="auto"` tries: `candidate_configs` without the uniform-ELL layouts
     and the 256-pixel chunked one, which never won a layer of any model tuned on the H100/H200
-    (benchmarks/results, fp32 and fp16: 9 models, 600+ layers on `direct`); each costs a compile
-    and a timed run per layer."""
-    return [config for config in candidate_configs(spec, dtype)
-            if config.variant != "ell" and not (config.variant == "chunk" and config.block_pix > 128)]
+    (benchmarks/results, fp32 and fp16: 9 models, 600+ layers on `direct`), nor the 128 x 2 x 16
+    chunked one, nor the "batch" tiles of 64 or 512 lanes; each costs a compile and a timed run per
+    layer."""
+    return [config for config in candidate_configs(spec, dtype) if _auto(config)]
+
+
+def _auto(config: DirectConfig) -> bool:
+    if config.variant == "batch":  # 128-256 lanes won 20 of 22 layer x io cases (s6 file above)
+        return 128 <= config.block_pix * config.sub_batch <= 256
+    if config.variant == "chunk":  # 128 pixels x 2 images x 16 won 7 of 900 layers before "batch" existed
+        return config.block_pix <= 128 and not (config.block_pix == 128 and config.sub_batch == 2 and config.chunk == 16)
+    return config.variant == "csr"
 
 
 def check_weight_variant(weight: DirectWeight, config: DirectConfig) -> None:
@@ -391,6 +406,13 @@ def _check_batch_variant(spec: ConvSpec, config: DirectConfig) -> None:
     padded = spec.C * (spec.H + 2 * spec.padding[0]) * (spec.W + 2 * spec.padding[1]) * spec.N
     if padded > _INT32_MAX:
         raise ValueError(f"variant 'batch': the padded input of {padded} elements exceeds int32 offsets")
+
+
+def new_output(shape: Tuple[int, ...], x: torch.Tensor, config: DirectConfig) -> torch.Tensor:
+    """An uninitialised (N, K, P, Q) output of x's dtype and device in config.out_layout."""
+    if config.out_layout == "batch_inner":
+        return batch_inner_view(shape, x.dtype, x.device)
+    return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 
 def _padded_nchw(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
@@ -501,7 +523,7 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
         _check_batch_variant(spec, config)
     shape = spec.output_shape
     if out is None:
-        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        out = new_output(shape, x, config)
     else:
         _check_out(out, shape, x, config.variant)
     if n == 0:

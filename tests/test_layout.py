@@ -1,0 +1,79 @@
+"""nn.layout: batch-innermost outputs between `direct` "batch" layers (CPU, Triton interpreter)."""
+import pytest
+import torch
+from torch import nn
+
+from conftest import needs_interpreter
+from sparsecnn.kernels.reference import relative_error
+from sparsecnn.nn import prepare_for_inference
+from sparsecnn.nn.layout import batch_inner_candidates, keep_batch_inner_outputs
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+
+class Chain(nn.Module):
+    """a -> b -> c (+ b's output as c's residual) -> d -> global pool: b feeds only c (input and
+    residual), c feeds d, d feeds the pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+        self.d = nn.Conv2d(8, 5, 1)
+
+    def forward(self, x):
+        b = torch.relu(self.b(torch.relu(self.a(x))))
+        return self.d(torch.relu(self.c(b) + b)).mean((2, 3))
+
+
+class ScriptedTimer:
+    """measure: `ms[label]` for the two layouts; runs fn once (the model must work)."""
+
+    def __init__(self, ms):
+        self.ms, self.seen = ms, []
+
+    def measure(self, candidate, fn):
+        fn()
+        self.seen.append(candidate.label())
+        return self.ms[candidate.label()]
+
+
+def _batch_model(batch_layers):
+    from sparsecnn.kernels.triton.direct_conv import DirectConfig
+
+    torch.manual_seed(0)
+    model = Chain().eval()
+    with torch.no_grad():
+        for conv in (model.a, model.b, model.c, model.d):
+            conv.weight.mul_(torch.rand_like(conv.weight) > 0.5)
+    gm = prepare_for_inference(model, example_inputs=(torch.randn(4, 3, 9, 9),))
+    layers = dict(gm.named_modules())
+    for name in batch_layers:
+        layers[name]._set_backend("direct", DirectConfig(16, 1, 4, 1, 1, "batch", 4))
+    return model, gm, {name: layers[name] for name in "abcd"}
+
+
+@needs_interpreter
+def test_candidates_are_batch_layers_feeding_only_batch_layers():
+    _, gm, tuned = _batch_model("abcd")
+    assert batch_inner_candidates(gm, tuned) == ["a", "b", "c"]  # d feeds the pool
+    _, gm, tuned = _batch_model("abd")
+    assert batch_inner_candidates(gm, tuned) == ["a"]  # b feeds c, which is dense
+    assert batch_inner_candidates(nn.Sequential(), tuned) == []  # no graph: nothing known
+
+
+@needs_interpreter
+@pytest.mark.parametrize("inner_faster", [True, False])
+def test_kept_only_when_faster_and_outputs_unchanged(inner_faster):
+    model, gm, tuned = _batch_model("abcd")
+    x = torch.randn(4, 3, 9, 9)
+    with torch.no_grad():
+        want = model(x)
+        timer = ScriptedTimer({"model:nchw outputs": 2.0, "model:batch-innermost outputs": 1.0 if inner_faster else 3.0})
+        changed = keep_batch_inner_outputs(gm, lambda: gm(x), tuned, timer)
+        assert timer.seen == ["model:nchw outputs", "model:batch-innermost outputs"]
+        assert changed == (["a", "b", "c"] if inner_faster else [])
+        layouts = [tuned[name].config.out_layout for name in "abcd"]
+        assert layouts == (["batch_inner"] * 3 + ["nchw"] if inner_faster else ["nchw"] * 4)
+        assert relative_error(gm(x), want) < 1e-5
