@@ -6,7 +6,7 @@ from torch import nn
 from conftest import needs_interpreter
 from sparsecnn.kernels.reference import relative_error
 from sparsecnn.nn import prepare_for_inference
-from sparsecnn.nn.layout import batch_inner_candidates, keep_batch_inner_outputs
+from sparsecnn.nn.layout import batch_inner_candidates, keep_batch_inner_outputs, set_tuning_layout
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -71,8 +71,11 @@ def test_kept_only_when_faster_and_outputs_unchanged(inner_faster):
     with torch.no_grad():
         want = model(x)
         timer = ScriptedTimer({"model:nchw outputs": 2.0, "model:batch-innermost outputs": 1.0 if inner_faster else 3.0})
-        changed = keep_batch_inner_outputs(gm, lambda: gm(x), tuned, timer)
+        set_tuning_layout(tuned["d"])  # as while tuning: d writes batch-innermost, and is reset
+        assert tuned["d"].config.out_layout == "batch_inner"
+        changed, times = keep_batch_inner_outputs(gm, lambda: gm(x), tuned, timer)
         assert timer.seen == ["model:nchw outputs", "model:batch-innermost outputs"]
+        assert times == {"nchw": 2.0, "batch_inner": 1.0 if inner_faster else 3.0}
         assert changed == (["a", "b", "c"] if inner_faster else [])
         layouts = [tuned[name].config.out_layout for name in "abcd"]
         assert layouts == (["batch_inner"] * 3 + ["nchw"] if inner_faster else ["nchw"] * 4)

@@ -72,7 +72,8 @@ class TuneReport:
     the whole-model check against dense (None when not run), and the wall seconds of each phase of
     tuning (`PhaseClock.seconds`; "total" is the whole call) and of the jobs run ahead in worker
     processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict), and the `direct` "batch"
-    layers that write batch-innermost outputs (`nn.layout`). The layer results are
+    layers that write batch-innermost outputs (`nn.layout`) with the whole-model times that decided
+    it (`layout_ms`: "nchw", "batch_inner"). The layer results are
     the per-layer decisions; when the check kept dense, the layers run `model_check.dense_backend`
     instead."""
 
@@ -85,6 +86,7 @@ class TuneReport:
     phase_s: Dict[str, float] = dataclasses.field(default_factory=dict)
     worker_jobs: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict)
     batch_inner_outputs: List[str] = dataclasses.field(default_factory=list)
+    layout_ms: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def total_ms(self) -> float:

@@ -122,7 +122,8 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     times and the same convs run densely (per-layer medians from tuning; null when not tuned),
     "model_check": the whole-model check against dense (`autotune.ModelCheck` as a dict, or null),
     "tune_phases_s": where the tuning time went (`TuneReport.phase_s`, rounded; {} when not tuned),
-    "tune_workers": the worker jobs' times (`TuneReport.worker_jobs`);
+    "tune_workers": the worker jobs' times (`TuneReport.worker_jobs`), "layout_ms": the whole-model
+    times with NCHW and batch-innermost outputs between "batch" layers (`TuneReport.layout_ms`);
     `_variant` adds "backends", the sparse backends tuning was limited to (null: all)}."""
     report = getattr(model, "sparsecnn_report", None)
     timed = {} if report is None else {layer.name: layer for layer in report.layers}
@@ -136,8 +137,9 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     check = None if report is None or report.model_check is None else dataclasses.asdict(report.model_check)
     phases = {} if report is None else {name: round(value, 2) for name, value in report.phase_s.items()}
     workers = {} if report is None else report.worker_jobs
+    layout_ms = {} if report is None else report.layout_ms
     return {"layers": layers, "tune_s": round(tune_s, 3), "model_check": check, "tune_phases_s": phases,
-            "tune_workers": workers,
+            "tune_workers": workers, "layout_ms": layout_ms,
             "conv_ms": sum(layer.time_ms for layer in timed.values()) if timed else None,
             "dense_conv_ms": sum(layer.dense_ms for layer in timed.values()) if timed else None}
 

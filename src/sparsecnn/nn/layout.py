@@ -4,14 +4,15 @@ Each layer is tuned on an NCHW input and writes NCHW, so a "batch" layer (which 
 (C, H, W, N)) pays a transpose of its input. When every consumer of a layer's output (as input or
 fused residual) is itself a "batch" layer, that layer can write (K, P, Q, N) instead and the next
 layers read it with no transpose (1x1 layers without padding: no copy at all). Only graphs from
-`prepare_for_inference` (torch.fx) say who consumes what; other models are left as tuned. The
-change is timed on the whole model and kept only when faster.
+`prepare_for_inference` (torch.fx) say who consumes what; in other models every layer writes NCHW.
+The change is timed on the whole model and kept only when faster. While tuning, "batch" layers
+write batch-innermost outputs (`set_tuning_layout`), so the next layer is timed on that input.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -41,23 +42,36 @@ def batch_inner_candidates(model: nn.Module, tuned: Dict[str, SparseConv2d]) -> 
 
 def _set_out_layout(layers: List[SparseConv2d], layout: str) -> None:
     for layer in layers:
-        layer._set_backend("direct", dataclasses.replace(layer.config, out_layout=layout))
+        if layer.config.out_layout != layout:
+            layer._set_backend("direct", dataclasses.replace(layer.config, out_layout=layout))
+
+
+def set_tuning_layout(layer: SparseConv2d) -> None:
+    """While a model is tuned layer by layer in its forward pass, a "batch" layer writes
+    batch-innermost outputs, so that the layers after it are timed on the input they will get if
+    they choose "batch" too. `keep_batch_inner_outputs` settles the layouts afterwards."""
+    if _is_batch(layer):
+        _set_out_layout([layer], "batch_inner")
 
 
 def keep_batch_inner_outputs(model: nn.Module, run: Callable[[], object], tuned: Dict[str, SparseConv2d],
-                             timer: Timer) -> List[str]:
-    """Make the `batch_inner_candidates` write batch-innermost outputs if `run()` (the whole model)
-    gets faster, as timed by `timer`; returns the names of the layers changed (empty when none)."""
+                             timer: Timer) -> Tuple[List[str], Dict[str, float]]:
+    """Every tuned "batch" layer writes NCHW, except the `batch_inner_candidates`, which write
+    batch-innermost outputs if `run()` (the whole model) gets faster, as timed by `timer`.
+
+    Returns the names of the layers left batch-innermost and the two model times in ms
+    ({"nchw": ..., "batch_inner": ...}; empty when there was no candidate)."""
+    _set_out_layout([layer for layer in tuned.values() if _is_batch(layer)], "nchw")
     names = batch_inner_candidates(model, tuned)
     if not names:
-        return []
+        return [], {}
     layers = [tuned[name] for name in names]
-    nchw_ms = timer.measure(Candidate("model:nchw outputs"), run)
+    times = {"nchw": timer.measure(Candidate("model:nchw outputs"), run)}
     _set_out_layout(layers, "batch_inner")
-    inner_ms = timer.measure(Candidate("model:batch-innermost outputs"), run)
-    if inner_ms < nchw_ms:
-        _LOG.info("%d batch layers write batch-innermost outputs: %.4g ms instead of %.4g ms", len(names), inner_ms,
-                  nchw_ms)
-        return names
+    times["batch_inner"] = timer.measure(Candidate("model:batch-innermost outputs"), run)
+    _LOG.info("%d batch layers writing batch-innermost outputs: model %.4g ms, all NCHW %.4g ms", len(names),
+              times["batch_inner"], times["nchw"])
+    if times["batch_inner"] < times["nchw"]:
+        return names, times
     _set_out_layout(layers, "nchw")
-    return []
+    return [], times

@@ -24,7 +24,7 @@ from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
 from ..backends.workers import job_times, reset_job_times
 from ..kernels.reference import relative_error
-from .layout import keep_batch_inner_outputs
+from .layout import keep_batch_inner_outputs, set_tuning_layout
 from .sparse_conv import SparseConv2d
 
 FilterFn = Callable[[str, nn.Module], bool]
@@ -180,14 +180,14 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
         tuned = {name: layers[name] for name in tuning.results}
         with torch.no_grad(), tf32_flags(False):
             with clock.phase("layouts"):
-                batch_inner = keep_batch_inner_outputs(model, lambda: model(*_cast(inputs, policy.dtype)), tuned,
-                                                       timer)
+                batch_inner, layout_ms = keep_batch_inner_outputs(model, lambda: model(*_cast(inputs, policy.dtype)),
+                                                                  tuned, timer)
             with clock.phase("model check"):
                 check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, policy, device.type, timer)
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
-                      batch_inner if check.kept == "tuned" else [])
+                      batch_inner if check.kept == "tuned" else [], layout_ms)
 
 
 def _dense_backend(policy: PrecisionPolicy, device_type: str) -> str:
@@ -293,6 +293,7 @@ class _LayerTuning:
                             self.cache, self.retune, self.drop_ratio, layer.activation,
                             None if residual is None else as_2d(residual), self.clock)
         layer._set_backend(result.backend, result.config)
+        set_tuning_layout(layer)
         layer.timings = {**{label: math.nan for label in result.dropped}, **result.times_ms}
         return result
 
