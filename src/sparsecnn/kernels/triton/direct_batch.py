@@ -34,7 +34,10 @@ import torch
 from .epilogue import store_epilogue
 
 
-@triton.jit
+# The output strides are not specialised (Triton would compile one kernel for stride 1 in NCHW and
+# another for batch-innermost outputs): the store is a small part of the work, and tuning a model
+# would compile every tile twice.
+@triton.jit(do_not_specialize=["y_stride_n", "y_stride_k", "y_stride_pix"])
 def _direct_batch_kernel(
     x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr,
     N, K, PQ, Q, row_step, col_step, y_stride_n, y_stride_k, y_stride_pix,

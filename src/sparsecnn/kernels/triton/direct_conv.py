@@ -339,8 +339,8 @@ def auto_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[Dir
     """The candidates `backend="auto"` tries: `candidate_configs` without the uniform-ELL layouts
     and the 256-pixel chunked one, which never won a layer of any model tuned on the H100/H200
     (benchmarks/results, fp32 and fp16: 9 models, 600+ layers on `direct`), nor the 128 x 2 x 16
-    chunked one, nor the "batch" tiles of 64 or 512 lanes; each costs a compile and a timed run per
-    layer."""
+    chunked one, nor the "batch" tiles of 64 or 512 lanes, nor "csr" (1 of 199 layers on the H100 in
+    `2026-11-22-h100-s6-models.jsonl`); each costs a compile and a timed run per layer."""
     return [config for config in candidate_configs(spec, dtype) if _auto(config)]
 
 
@@ -349,7 +349,7 @@ def _auto(config: DirectConfig) -> bool:
         return 128 <= config.block_pix * config.sub_batch <= 256
     if config.variant == "chunk":  # 128 pixels x 2 images x 16 won 7 of 900 layers before "batch" existed
         return config.block_pix <= 128 and not (config.block_pix == 128 and config.sub_batch == 2 and config.chunk == 16)
-    return config.variant == "csr"
+    return False  # "csr" won 1 of 199 layers once "batch" existed; "ell" never won
 
 
 def check_weight_variant(weight: DirectWeight, config: DirectConfig) -> None:
