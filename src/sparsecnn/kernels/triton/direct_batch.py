@@ -32,6 +32,7 @@ import triton.language as tl
 import torch
 
 from .epilogue import store_epilogue
+from .tiles import channel_pixel_tile
 
 
 # The output strides are not specialised (Triton would compile one kernel for stride 1 in NCHW and
@@ -50,15 +51,7 @@ def _direct_batch_kernel(
     strides (y_stride_n, y_stride_k, y_stride_pix). row_step = stride_h * Wp, col_step = stride_w
     (in positions). val/off/row_ptr: a `ChunkedCSRWeight` (rows padded to multiples of CHUNK).
     """
-    pid = tl.program_id(0)
-    k = pid % K
-    tile = (pid // K) % tl.cdiv(PQ, BLOCK_PIX)
-    n_block = pid // (K * tl.cdiv(PQ, BLOCK_PIX))
-    pix = tile * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
-    pix_ok = pix < PQ
-    pix_in = tl.minimum(pix, PQ - 1)   # clamped for loading, masked at the store
-    oh = pix_in // Q
-    x_pos = oh * row_step + (pix_in - oh * Q) * col_step
+    k, n_block, pix, pix_ok, x_pos = channel_pixel_tile(K, PQ, Q, row_step, col_step, BLOCK_PIX)
     img = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     x_tile = x_ptr + (x_pos * N)[:, None] + img[None, :]   # [PIX, N] pointers, contiguous along N
     start = tl.load(row_ptr_ptr + k)

@@ -51,6 +51,7 @@ from ..configs import (check_kernel_shape, check_pow2_field, check_residual, che
                        pow2_at_least, stride_padding)
 from .direct_batch import batch_inner_view, is_batch_inner, launch_batch, padded_batch_inner
 from .epilogue import store_epilogue
+from .tiles import channel_pixel_tile
 
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
 VARIANTS = ("chunk", "ell", "csr", "batch")
@@ -154,15 +155,7 @@ def _direct_chunk_kernel(
     CHUNK independent loads per thread are in flight instead of one load that waits on the
     previous step's offset load (what limits the one-non-zero-per-step loop).
     """
-    pid = tl.program_id(0)
-    k = pid % K
-    tile = (pid // K) % tl.cdiv(PQ, BLOCK_PIX)
-    group = pid // (K * tl.cdiv(PQ, BLOCK_PIX))
-    pix = tile * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
-    pix_ok = pix < PQ
-    pix_in = tl.minimum(pix, PQ - 1)
-    oh = pix_in // Q
-    x_pix = oh * row_step + (pix_in - oh * Q) * col_step
+    k, group, pix, pix_ok, x_pix = channel_pixel_tile(K, PQ, Q, row_step, col_step, BLOCK_PIX)
     img = group * SUB_BATCH + tl.arange(0, SUB_BATCH)
     img_ok = img < N
     img_in = tl.minimum(img, N - 1).to(tl.int64)
