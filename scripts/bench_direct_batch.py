@@ -1,7 +1,7 @@
 """direct's batch-innermost variant against its NCHW "chunk" variant and cuDNN, layer by layer.
 
 For each layer (DLMC ResNet-50 masks by default): cuDNN (fp32 NCHW with TF32 off, or fp16
-channels_last), every "chunk" config `auto` tries, every "batch" config with NCHW input and output
+channels_last), every "chunk" candidate config, every "batch" config with NCHW input and output
 (the layout copy inside the timed call) and with batch-innermost input and output (as between two
 batch layers), and the layout copy alone. Rows: the results schema, kind "layer"; the config dict
 says the variant and `io` ("nchw" or "batch_inner"); the copy alone is backend "layout-copy".

@@ -42,7 +42,7 @@ def pack(weight, config):
 
 def first_config(variant):
     """The first candidate of `variant` for SMALL; for "batch", whose sub_batch must divide N, one
-    image per program and 8 pixels, so that it runs on any batch size."""
+    image and 64 pixels per program, so that it runs on any batch size."""
     if variant == "batch":
         return DirectConfig(64, 1, 1, 1, 1, "batch", 4)
     return next(c for c in candidate_configs(SMALL) if c.variant == variant)

@@ -99,6 +99,19 @@ def test_opcheck_direct(variant, epilogue):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("out_layout", ["nchw", "batch_inner"])
+def test_opcheck_direct_batch(out_layout):
+    """The fake output has the strides of the real one in both layouts of variant "batch"."""
+    from sparsecnn.kernels.triton.direct_conv import DirectConfig
+
+    config = DirectConfig(8, 1, 2, 1, 1, "batch", 4, out_layout)
+    x = inputs(TINY.input_shape)
+    op, args = op_args("direct", config, x, torch.randn(TINY.K), inputs(TINY.output_shape, 2), True, TINY)
+    assert op(*args).stride()[0] == (1 if out_layout == "batch_inner" else TINY.K * TINY.H * TINY.W)
+    torch.library.opcheck(op, args)
+
+
+@needs_interpreter
 @pytest.mark.parametrize("epilogue", [False, True], ids=["plain", "bias-residual-relu"])
 def test_opcheck_blocks(epilogue):
     x = inputs(TINY.input_shape)

@@ -41,9 +41,12 @@ def batch_inner_candidates(model: nn.Module, tuned: Dict[str, SparseConv2d]) -> 
 
 
 def _set_out_layout(layers: List[SparseConv2d], layout: str) -> None:
+    """The output layout is not part of the packed weight: keep it rather than pack again."""
     for layer in layers:
         if layer.config.out_layout != layout:
+            packed = layer.packed_weight()
             layer._set_backend("direct", dataclasses.replace(layer.config, out_layout=layout))
+            layer.adopt_packed(packed)
 
 
 def set_tuning_layout(layer: SparseConv2d) -> None:

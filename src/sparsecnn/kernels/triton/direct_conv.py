@@ -190,7 +190,7 @@ class DirectConfig:
     (power of two, 4..32; the other variants ignore it). "chunk" and "batch" compute one channel per
     program, so they need block_k = 1. out_layout: the layout of a new output, "nchw" (contiguous)
     or, for "batch" only, "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N), which a following
-    "batch" layer reads without a transpose); not tuned: `nn.sparsify` sets it between batch layers.
+    "batch" layer reads without a transpose); not tuned: `nn.layout` sets it between batch layers.
     """
 
     block_pix: int = 128
@@ -316,9 +316,10 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> Lis
 
 def _batch_configs(spec: ConvSpec) -> List[DirectConfig]:
     """Variant "batch" when N has a power-of-two divisor >= 4 (below that a thread's images are too
-    few for vector loads): BLOCK_N = that divisor up to 32, one warp on 128-512 (pixel, image)
-    lanes, i.e. 4-16 accumulators per thread (on the H100, 256 lanes won 13 of 22 ResNet-50 layers
-    against 512 and 1024: `benchmarks/results/2026-11-22-h100-s6-direct-batch.jsonl`)."""
+    few for vector loads): BLOCK_N = that divisor up to 32, one warp on 64-512 (pixel, image)
+    lanes, i.e. 2-16 accumulators per thread. On the H100 (11 ResNet-50 layers x two layouts,
+    `benchmarks/results/2026-11-22-h100-s6-direct-batch.jsonl`) 128 lanes won 15 of 22 cases and
+    256 lanes 7, 512 none; 64 lanes was added after that run and is not measured yet."""
     block_n = min(32, spec.N & -spec.N) if spec.N > 0 else 0
     if block_n < 4:
         return []
@@ -338,9 +339,9 @@ def auto_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[Dir
 
 
 def _auto(config: DirectConfig) -> bool:
-    if config.variant == "batch":  # 128-256 lanes won 20 of 22 layer x io cases (s6 file above)
+    if config.variant == "batch":  # 128-256 lanes won all 22 layer x layout cases (see _batch_configs)
         return 128 <= config.block_pix * config.sub_batch <= 256
-    if config.variant == "chunk":  # 128 pixels x 2 images x 16 won 7 of 900 layers before "batch" existed
+    if config.variant == "chunk":  # 128 pixels x 2 images x 16 won 7 of 748 direct layers before "batch" existed
         return config.block_pix <= 128 and not (config.block_pix == 128 and config.sub_batch == 2 and config.chunk == 16)
     return False  # "csr" won 1 of 199 layers once "batch" existed; "ell" never won
 
