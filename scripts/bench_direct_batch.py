@@ -6,6 +6,7 @@ channels_last), every "chunk" candidate config, every "batch" config with NCHW i
 batch layers), and the layout copy alone. Rows: the results schema, kind "layer"; the config dict
 says the variant and `io` ("nchw" or "batch_inner"); the copy alone is backend "layout-copy".
 Usage: python scripts/bench_direct_batch.py --out FILE [--layers a,b] [--dtypes fp32,fp16] [--batch 32]
+    [--variants chunk,batch]
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def _layer_rows(spec, dtype_name, args, base):
     backend = get_backend("direct")
     x_inner = direct_batch.batch_inner_view(x.shape, dtype, x.device).copy_(x)
     for config in backend.configs(spec, dtype):
-        if config.variant not in ("chunk", "batch"):
+        if config.variant not in args.variants.split(","):
             continue
         packed = backend.prepare(weight, config)
         cfg = dataclasses.asdict(config)
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--layers", default=DEFAULT_LAYERS)
     parser.add_argument("--dtypes", default="fp32,fp16")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--variants", default="chunk,batch", help="direct variants to time: chunk, batch")
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--pattern", default="dlmc-magnitude_pruning")
     args = parser.parse_args()
