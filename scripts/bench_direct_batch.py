@@ -5,8 +5,10 @@ channels_last), every "chunk" candidate config, every "batch" config with NCHW i
 (the layout copy inside the timed call) and with batch-innermost input and output (as between two
 batch layers), and the layout copy alone. Rows: the results schema, kind "layer"; the config dict
 says the variant and `io` ("nchw" or "batch_inner"); the copy alone is backend "layout-copy".
+--residual adds a residual of the output's layout and a ReLU to every call (fused into direct; an
+add and a ReLU after cuDNN), as in a bottleneck's last conv; the config dict then says "residual".
 Usage: python scripts/bench_direct_batch.py --out FILE [--layers a,b] [--dtypes fp32,fp16] [--batch 32]
-    [--variants chunk,batch]
+    [--variants chunk,batch] [--residual]
 """
 from __future__ import annotations
 
@@ -45,17 +47,28 @@ def _layer_rows(spec, dtype_name, args, base):
     weight = weight.to(dtype)
     x = torch.randn(spec.input_shape, device="cuda").to(dtype)
     ref = reference_conv(x, weight, None, stride=spec.stride, padding=spec.padding, fp64=True)
+    res = res_inner = None
+    if args.residual:
+        res = torch.randn(spec.output_shape, device="cuda").to(dtype)
+        res_inner = direct_batch.batch_inner_view(spec.output_shape, dtype, x.device).copy_(res)
+        ref = (ref.double() + res.double()).relu()
+    fused = dict(relu=True) if args.residual else {}
     stride, padding = spec.stride, spec.padding
     rows = []
 
     def row(backend, config, stats):
+        config = {**config, "residual": True} if args.residual and backend != "layout-copy" else config
         rows.append({**base, **spec.as_dict(), "layer": spec.name, "dtype": dtype_name, "pattern": label,
                      "backend": backend, "config": config, **stats, "floor_ms": None})
+
+    def cudnn():
+        y = F.conv2d(xc, wc, None, stride, padding)
+        return y.add_(res).relu_() if args.residual else y
 
     layout = torch.channels_last if dtype != torch.float32 else torch.contiguous_format
     xc, wc = x.to(memory_format=layout), weight.to(memory_format=layout)
     row("cudnn", {"layout": "channels_last" if dtype != torch.float32 else "nchw"},
-        _time(lambda: F.conv2d(xc, wc, None, stride, padding), ref))
+        _time(cudnn, ref))
     backend = get_backend("direct")
     x_inner = direct_batch.batch_inner_view(x.shape, dtype, x.device).copy_(x)
     for config in backend.configs(spec, dtype):
@@ -64,11 +77,13 @@ def _layer_rows(spec, dtype_name, args, base):
         packed = backend.prepare(weight, config)
         cfg = dataclasses.asdict(config)
         row("direct", {**cfg, "io": "nchw"},
-            _time(lambda: direct_conv.direct_conv2d(x, packed, None, stride, padding, config), ref))
+            _time(lambda: direct_conv.direct_conv2d(x, packed, None, stride, padding, config, residual=res, **fused),
+                  ref))
         if config.variant == "batch":
             out = direct_batch.batch_inner_view(spec.output_shape, dtype, x.device)
             row("direct", {**cfg, "io": "batch_inner"},
-                _time(lambda: direct_conv.direct_conv2d(x_inner, packed, None, stride, padding, config, out=out), ref))
+                _time(lambda: direct_conv.direct_conv2d(x_inner, packed, None, stride, padding, config, out=out,
+                                                        residual=res_inner, **fused), ref))
     row("layout-copy", {"from": "nchw", "to": "padded batch_inner"},
         _time(lambda: direct_batch.padded_batch_inner(x, *padding), None))
     row("layout-copy", {"from": "batch_inner", "to": "padded batch_inner"},
@@ -83,6 +98,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="fp32,fp16")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--variants", default="chunk,batch", help="direct variants to time: chunk, batch")
+    parser.add_argument("--residual", action="store_true", help="fuse a residual add and a ReLU")
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--pattern", default="dlmc-magnitude_pruning")
     args = parser.parse_args()
