@@ -248,7 +248,7 @@ def test_auto_tries_the_configs_that_ever_won(spec):
     assert auto[0] == every[0] and set(auto) < set(every)
     assert {c.variant for c in auto} == {"chunk"} | ({"batch"} if spec.N % 4 == 0 else set())
     assert max(c.block_pix for c in auto if c.variant != "batch") <= 128
-    assert all(128 <= c.block_pix * c.sub_batch <= 256 for c in auto if c.variant == "batch")
+    assert all(128 <= c.block_pix * c.sub_batch <= 256 and c.block_k == 1 for c in auto if c.variant == "batch")
     offered = [c.config for c in candidates_for(spec, POLICIES["fp32"], "cuda") if c.backend == "direct"]
     assert offered == auto
     named = [c.config for c in candidates_for(spec, POLICIES["fp32"], "cuda", ["direct"]) if c.backend == "direct"]
