@@ -2,8 +2,9 @@
 
 Each config runs 3 times (batch-innermost input and output, as between two batch layers); profile
 the third launch of each: `ncu --clock-control none -k regex:_direct_batch_kernel --launch-skip 2
---launch-skip-before-match 0 ... python scripts/ncu_direct_batch.py --layer L --configs K,PIX,W;...`
-Usage: python scripts/ncu_direct_batch.py --layer layer2.1.conv2 --configs "1,4,1;4,8,4" [--batch 32]
+...
+python scripts/ncu_direct_batch.py --layer L --configs PIX,W;...` (one config per ncu run is simplest).
+Usage: python scripts/ncu_direct_batch.py --layer layer2.1.conv2 --configs "4,1;8,1" [--batch 32]
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from sparsecnn.layers import get_suite
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layer", required=True)
-    parser.add_argument("--configs", required=True, help="';'-separated block_k,block_pix,num_warps (chunk 8)")
+    parser.add_argument("--configs", required=True, help="';'-separated block_pix,num_warps (chunk 8)")
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
     spec = {s.name: s for s in get_suite("resnet50")}[args.layer].with_batch(args.batch)
@@ -29,13 +30,13 @@ def main() -> None:
     x.copy_(torch.randn(spec.input_shape, device="cuda"))
     out = direct_batch.batch_inner_view(spec.output_shape, torch.float32, x.device)
     for text in args.configs.split(";"):
-        block_k, block_pix, warps = (int(v) for v in text.split(","))
-        config = direct_conv.DirectConfig(block_pix, block_k, min(32, args.batch), warps, 1, "batch", 8)
+        block_pix, warps = (int(v) for v in text.split(","))
+        config = direct_conv.DirectConfig(block_pix, 1, min(32, args.batch), warps, 1, "batch", 8)
         packed = get_backend("direct").prepare(weight, config)
         for _ in range(3):
             direct_conv.direct_conv2d(x, packed, None, spec.stride, spec.padding, config, out=out)
         torch.cuda.synchronize()
-        print(f"{args.layer} block_k={block_k} block_pix={block_pix} num_warps={warps}: ran", flush=True)
+        print(f"{args.layer} block_pix={block_pix} num_warps={warps}: ran", flush=True)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,19 @@ def test_bench_layers_rejects_unknown_names():
     with pytest.raises(ValueError, match="backend"):
         bench_layers(SPECS, suite="t", sparsity=0.5, pattern="random", dtype="fp32", backends=["nope"],
                      device="cpu")
+    with pytest.raises(ValueError, match="configs must be 'default', 'auto' or 'all'"):
+        bench_layers(SPECS, suite="t", sparsity=0.5, pattern="random", dtype="fp32", backends=[], device="cpu",
+                     configs="best")
+    with pytest.raises(ValueError, match="mode must be 'gpu' or 'eager'"):
+        bench_layers(SPECS, suite="t", sparsity=0.5, pattern="random", dtype="fp32", backends=[], device="cpu",
+                     mode="graph")
+
+
+def test_bench_layers_records_its_mode(layer_rows):
+    assert {row["mode"] for row in layer_rows} == {"gpu"}
+    eager = bench_layers(SPECS[:1], suite="tiny", sparsity=0.5, pattern="random", dtype="fp32", backends=["dense"],
+                         device="cpu", progress=False, timing=FAST, mode="eager")
+    assert {row["mode"] for row in eager} == {"eager"}
 
 
 def test_random_pattern_has_exact_count():
@@ -199,3 +212,15 @@ def test_commit_from_the_environment_wins_over_the_checkout(monkeypatch):
     monkeypatch.delenv(COMMIT_ENV_VAR)
     git_commit.cache_clear()
     assert git_commit() != "abc1234"
+
+
+@pytest.mark.skipif(not __import__("conftest").INTERPRET, reason="needs TRITON_INTERPRET=1")
+def test_bench_layers_times_the_auto_configs():
+    from sparsecnn.backends import get_backend
+
+    spec = SPECS[0]
+    rows = bench_layers([spec], suite="tiny", sparsity=0.5, pattern="random", dtype="fp32", backends=["direct"],
+                        device="cpu", progress=False, timing=FAST, configs="auto", baselines=False)
+    auto = get_backend("direct").auto_configs(spec, torch.float32)
+    assert len(rows) == len(auto) >= 2
+    assert all(row["rel_err"] < 1e-6 for row in rows)

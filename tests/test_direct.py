@@ -25,8 +25,6 @@ if INTERPRET or torch.cuda.is_available():
     DirectConfig = triton_kernels.DirectConfig
     candidate_configs = triton_kernels.candidate_configs
     direct_conv2d = triton_kernels.direct_conv2d
-    direct_conv2d_arrays = triton_kernels.direct_conv2d_arrays
-    weight_arrays = triton_kernels.weight_arrays
 
 # Triton's interpreter converts a tensor loop bound with int() on a 1-element array (numpy warns).
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -230,7 +228,7 @@ def test_direct_config_validation_names_the_field():
                          ids=lambda spec: f"N{spec.N}-C{spec.C}-K{spec.K}-{spec.H}x{spec.W}")
 def test_candidate_configs(spec):
     configs = candidate_configs(spec, torch.float32)
-    assert 4 <= len(configs) <= 20 and len(set(configs)) == len(configs)
+    assert 4 <= len(configs) <= 14 and len(set(configs)) == len(configs)
     batch_ok = spec.N % 4 == 0
     assert {c.variant for c in configs} == set(VARIANTS) - ({"batch"} if not batch_ok else set())
     assert all(spec.N % c.sub_batch == 0 for c in configs if c.variant == "batch")
@@ -248,7 +246,7 @@ def test_auto_tries_the_configs_that_ever_won(spec):
     assert auto[0] == every[0] and set(auto) < set(every)
     assert {c.variant for c in auto} == {"chunk"} | ({"batch"} if spec.N % 4 == 0 else set())
     assert max(c.block_pix for c in auto if c.variant != "batch") <= 128
-    assert all(128 <= c.block_pix * c.sub_batch <= 256 and c.block_k == 1 for c in auto if c.variant == "batch")
+    assert all(128 <= c.block_pix * c.sub_batch <= 256 for c in auto if c.variant == "batch")
     offered = [c.config for c in candidates_for(spec, POLICIES["fp32"], "cuda") if c.backend == "direct"]
     assert offered == auto
     named = [c.config for c in candidates_for(spec, POLICIES["fp32"], "cuda", ["direct"]) if c.backend == "direct"]
@@ -379,11 +377,7 @@ def test_batch_variant_errors():
     with pytest.raises(ValueError, match="sub_batch"):
         DirectConfig(16, 1, 128, 8, 1, "batch", 8)
     with pytest.raises(ValueError, match="block_k must be 1"):
-        DirectConfig(16, 4, 4, 1, 1, "chunk", 8)
-    values, offsets, row_ptr, _ = weight_arrays(weight, 15, 15)
-    with pytest.raises(ValueError, match="needs row_order"):
-        direct_conv2d_arrays(inputs(8, 3, 13, 13), values, offsets, row_ptr, None, weight.kernel_shape, None, 1, 1,
-                             DirectConfig(4, 4, 4, 4, 1, "batch", 8))
+        DirectConfig(16, 4, 4, 1, 1, "batch", 8)
 
 
 @needs_interpreter

@@ -109,7 +109,7 @@ class _Run:
     seed: int
     timing: Dict[str, Any]
     ceilings: Dict[str, float]
-    all_configs: bool
+    configs: str  # "default", "auto" or "all" (see bench_layers)
     note: Callable[[str], None]
 
 
@@ -163,11 +163,12 @@ def _cudnn_fn(layer: _Layer, dtype: str) -> Callable[[], torch.Tensor]:
 
 
 def _backend_fn(backend: Backend, layer: _Layer, dtype: str, config: Any) -> Callable[[], torch.Tensor]:
+    """The layer's call as a model makes it: packed and bound once, then called."""
     stored = torch_dtype(dtype)
     x = layer.x.to(stored).contiguous()
     packed = backend.prepare(layer.weight.to(stored).contiguous(), config)
-    spec = layer.spec
-    return lambda: backend.run(x, packed, None, spec, config)
+    call = backend.bind(packed, layer.spec, config, stored, False)
+    return lambda: call(x, None, None, False)
 
 
 def _try_measure(make_fn: Callable[[], Callable[[], torch.Tensor]], layer: _Layer, run: _Run,
@@ -199,8 +200,12 @@ def _backend_rows(backend: Backend, layer: _Layer, run: _Run) -> List[Dict[str, 
     if reason is not None:
         run.note(f"{layer.name}: {backend.name} skipped: {reason}")
         return []
-    configs = (backend.configs(layer.spec, stored) if run.all_configs
-               else [backend.default_config(layer.spec, stored)])
+    if run.configs == "all" or (run.configs == "auto" and backend.auto_configs is None):
+        configs = backend.configs(layer.spec, stored)
+    elif run.configs == "auto":
+        configs = backend.auto_configs(layer.spec, stored)
+    else:
+        configs = [backend.default_config(layer.spec, stored)]
     rows = []
     for config in configs:
         stats = _try_measure(lambda: _backend_fn(backend, layer, run.dtype, config), layer, run, run.dtype,
@@ -223,26 +228,36 @@ def bench_layers(specs: Sequence[ConvSpec], *, suite: str, sparsity: float, patt
                  backends: Sequence[str], device: torch.device | str, seed: int = 0,
                  run_id: Optional[str] = None, ceilings: Optional[Dict[str, float]] = None,
                  baselines: bool = True, progress: bool = True, timing: Optional[Dict[str, Any]] = None,
-                 all_configs: bool = False,
+                 configs: str = "default", mode: str = "gpu",
                  on_rows: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
-    """Benchmark every layer of `specs`; returns results rows (see `schema`), kind "layer", mode "eager".
+    """Benchmark every layer of `specs`; returns results rows (see `schema`), kind "layer".
 
     suite: label recorded in the rows. sparsity: fraction of zero weights in [0, 1). pattern: "random"
     or "dlmc-<method>" (layers without a DLMC mask fall back to random; the row records the label
     used). dtype: "fp32" (TF32 off), "tf32", "fp16" or "bf16". backends: registered backend names.
     timing: keyword arguments for `autotune.benchmark` (warmup_ms, rep_ms, min_rep, flush_l2).
+    configs: which configs of each backend to time: "default" (its default), "auto" (those
+    `backend="auto"` tries) or "all" (every candidate).
+    mode: "gpu" (on CUDA the GPU time alone, the CPU's launch overhead hidden, for cuDNN and the
+    backends alike: what a CUDA-graph or compiled model pays; a Triton launch costs tens of us of
+    CPU, more than some layers' GPU time) or "eager" (launch overhead included).
     ceilings: `roofline.measure_ceilings(device)` (measured when None). A backend that does not
     support a layer, or runs out of memory, is skipped with a printed note and gives no row.
     on_rows: called with each layer's rows as soon as they are measured (so a run cut short by a
     time limit still leaves the rows of the layers it finished).
     """
     torch_dtype(dtype)
+    if configs not in ("default", "auto", "all"):
+        raise ValueError(f"configs must be 'default', 'auto' or 'all', got {configs!r}")
+    if mode not in ("gpu", "eager"):
+        raise ValueError(f"mode must be 'gpu' or 'eager', got {mode!r}")
     chosen = [get_backend(name) for name in backends]
     device = torch.device(device)
     ceilings = measure_ceilings(device) if ceilings is None else ceilings
     base = {"run": run_id or new_run_id(), "kind": "layer", **environment(device), "suite": suite,
-            "model": None, "sparsity": float(sparsity), "mode": "eager"}
-    run = _Run(base, pattern, dtype, device, seed, dict(timing or {}), ceilings, all_configs, tqdm.write)
+            "model": None, "sparsity": float(sparsity), "mode": mode}
+    timing = {**(timing or {}), "hide_launch": mode == "gpu" and device.type == "cuda"}
+    run = _Run(base, pattern, dtype, device, seed, timing, ceilings, configs, tqdm.write)
     rows: List[Dict[str, Any]] = []
     for index, spec in enumerate(tqdm(specs, desc=f"{suite} {dtype}", unit="layer", disable=not progress)):
         layer_rows = _bench_one(spec, spec.name or f"layer{index}", sparsity, chosen, baselines, run)

@@ -3,7 +3,7 @@
 Layer rows are grouped by (device, suite, N, dtype, sparsity, pattern); the cuDNN baselines of the same
 (device, suite, N, sparsity, pattern) are shown beside every dtype group. A backend's speedup is
 cuDNN's median time at the group's dtype over the backend's; with several configs of one backend
-(`all_configs`) the fastest is shown. Where rows repeat a measurement, the last one counts.
+(`configs` "auto" or "all") the fastest is shown. Where rows repeat a measurement, the last one counts.
 """
 from __future__ import annotations
 

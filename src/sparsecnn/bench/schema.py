@@ -25,7 +25,8 @@ DTYPES: Dict[str, Tuple[torch.dtype, bool]] = {
     "bf16": (torch.bfloat16, False),
 }
 KINDS = ("layer", "model")
-MODES = ("eager", "cudagraph", "compile")
+# "gpu": a layer's GPU time alone, the CPU's launch overhead hidden (as under CUDA graphs)
+MODES = ("eager", "cudagraph", "compile", "gpu")
 
 FIELDS: Tuple[str, ...] = (
     "run", "kind", "device", "torch", "cudnn", "triton", "driver", "commit", "date",

@@ -252,12 +252,6 @@ class ChunkedCSRWeight(_OffsetCache):
         return int(self.row_nnz.sum())
 
     @property
-    def row_order(self) -> torch.Tensor:
-        """int32 (K,): channels by decreasing non-zero count (stable), for kernels that run a block
-        of channels to its longest row."""
-        return torch.sort(self.row_nnz, descending=True, stable=True).indices.to(torch.int32)
-
-    @property
     def padding_overhead(self) -> float:
         """Padded slots per real non-zero."""
         return (self.values.numel() - self.nnz) / self.nnz if self.nnz else 0.0

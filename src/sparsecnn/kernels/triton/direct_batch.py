@@ -23,10 +23,15 @@ contiguous NCHW or that batch-innermost view (`DirectConfig.out_layout`), which 
 layer packs with coalesced reads, or reads as it is; the residual is read in the output's layout.
 Grid: 1-D, channels fastest (programs that run together read the same input tile from L2), then
 pixel tiles, then image blocks.
+
+Bound (Nsight Compute on the H100, ResNet-50 layer2.1.conv2, DLMC 0.9, N=32, 4 pixels x 32 images):
+L2 throughput 83% of peak, L1 hit rate 40%, L1 throughput 60%, 43% occupancy; warps wait on L1TEX
+loads. Tried and dropped (`benchmarks/results/2026-11-22-h100-s7-direct-batch.jsonl`): programs of
+2-8 channels of similar length (one warp each, stepping together) raised the L1 hit rate to 69%
+but made the kernel L1-throughput bound and 5-30% slower; loading a chunk's weights and offsets
+as two vectors instead of CHUNK scalars changed nothing (within 3%).
 """
 from __future__ import annotations
-
-from typing import Tuple
 
 import triton
 import triton.language as tl
@@ -37,64 +42,39 @@ from .epilogue import store_epilogue
 from .tiles import channel_pixel_tile
 
 
-# The output strides are not specialised (Triton would compile one kernel for stride 1 in NCHW and
-# another for batch-innermost outputs): the store is a small part of the work, and tuning a model
-# would compile every tile twice.
-@triton.jit(do_not_specialize=["y_stride_n", "y_stride_k", "y_stride_pix"])
+# Only N is specialised (its divisibility by 16 makes the gathers 128-bit): Triton would otherwise
+# compile a kernel per combination of the other integers' divisibility and ones (output strides of
+# both layouts, feature-map sizes, stride 1 or 2), which the loop does not use, and tuning a
+# ResNet-50 spent 40 s in first calls, mostly compiling.
+@triton.jit(do_not_specialize=["K", "PQ", "Q", "row_step", "col_step", "y_stride_n", "y_stride_k", "y_stride_pix"])
 def _direct_batch_kernel(
-    x_ptr, val_ptr, off_ptr, row_ptr_ptr, row_order_ptr, bias_ptr, res_ptr, y_ptr,
+    x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr,
     N, K, PQ, Q, row_step, col_step, y_stride_n, y_stride_k, y_stride_pix,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_PIX: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK_PIX: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """y[n, k, p] = act(bias[k] + sum_j w[j] * x[pix_base[p] + off[j], n] + residual[n, k, p]).
 
     x_ptr: padded contiguous (C, Hp, Wp, N); N % BLOCK_N == 0. y and residual: (N, K, P, Q) at
     strides (y_stride_n, y_stride_k, y_stride_pix). row_step = stride_h * Wp, col_step = stride_w
-    (in positions). val/off/row_ptr: a `ChunkedCSRWeight` (rows padded to multiples of CHUNK);
-    row_order (K,): its channels by decreasing row length, read only when BLOCK_K > 1.
+    (in positions). val/off/row_ptr: a `ChunkedCSRWeight` (rows padded to multiples of CHUNK).
     """
-    kb, n_block, pix, pix_ok, x_pos = channel_pixel_tile(tl.cdiv(K, BLOCK_K), PQ, Q, row_step, col_step,
-                                                         BLOCK_PIX)
+    k, n_block, pix, pix_ok, x_pos = channel_pixel_tile(K, PQ, Q, row_step, col_step, BLOCK_PIX)
     img = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     x_tile = x_ptr + (x_pos * N)[:, None] + img[None, :]   # [PIX, N] pointers, contiguous along N
-    n_ok = img < N
-    if BLOCK_K == 1:
-        start = tl.load(row_ptr_ptr + kb)
-        end = tl.load(row_ptr_ptr + kb + 1)
-        acc = tl.zeros([BLOCK_PIX, BLOCK_N], dtype=tl.float32)
-        for j in range(start, end, CHUNK):
-            for c in tl.static_range(CHUNK):
-                w = tl.load(val_ptr + j + c)
-                off = tl.load(off_ptr + j + c)
-                acc = tl.fma(tl.load(x_tile + off * N).to(tl.float32), w, acc)
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + kb).to(tl.float32)
-        y_offs = pix[:, None] * y_stride_pix + img[None, :].to(tl.int64) * y_stride_n + kb * y_stride_k
-        store_epilogue(acc, y_ptr, res_ptr, y_offs, pix_ok[:, None] & n_ok[None, :], HAS_RESIDUAL, RELU)
-    else:
-        # BLOCK_K channels of similar length share the program's input tile through L1: they step
-        # through their rows together, and rows are sorted by (c, r, s), so at any step they read
-        # nearby input channels of the same pixels. A finished row is masked (no loads issued).
-        slot = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        chan_ok = slot < K
-        chan = tl.load(row_order_ptr + tl.minimum(slot, K - 1))
-        start = tl.load(row_ptr_ptr + chan)
-        length = tl.where(chan_ok, tl.load(row_ptr_ptr + chan + 1) - start, 0)
-        acc = tl.zeros([BLOCK_K, BLOCK_PIX, BLOCK_N], dtype=tl.float32)
-        for j in range(0, tl.max(length, axis=0), CHUNK):
-            live = j < length
-            for c in tl.static_range(CHUNK):
-                w = tl.load(val_ptr + start + j + c, mask=live, other=0.0)
-                off = tl.load(off_ptr + start + j + c, mask=live, other=0)
-                xv = tl.load(x_tile[None, :, :] + (off * N)[:, None, None], mask=live[:, None, None], other=0.0)
-                acc = tl.fma(xv.to(tl.float32), w[:, None, None], acc)
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + chan, mask=chan_ok, other=0.0).to(tl.float32)[:, None, None]
-        y_offs = (pix[None, :, None] * y_stride_pix + img[None, None, :].to(tl.int64) * y_stride_n
-                  + (chan * y_stride_k)[:, None, None])
-        mask = chan_ok[:, None, None] & pix_ok[None, :, None] & n_ok[None, None, :]
-        store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
+    start = tl.load(row_ptr_ptr + k)
+    end = tl.load(row_ptr_ptr + k + 1)
+    acc = tl.zeros([BLOCK_PIX, BLOCK_N], dtype=tl.float32)
+    for j in range(start, end, CHUNK):
+        for c in tl.static_range(CHUNK):
+            w = tl.load(val_ptr + j + c)
+            off = tl.load(off_ptr + j + c)
+            acc = tl.fma(tl.load(x_tile + off * N).to(tl.float32), w, acc)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + k).to(tl.float32)
+    y_offs = pix[:, None] * y_stride_pix + img[None, :].to(tl.int64) * y_stride_n + k * y_stride_k
+    mask = pix_ok[:, None] & (img < N)[None, :]
+    store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
 
 
 @triton.jit
@@ -146,25 +126,22 @@ def padded_batch_inner(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
 
 
 def launch_batch(xp: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, row_ptr: torch.Tensor,
-                 row_order: torch.Tensor, bias, residual, out: torch.Tensor, stride, relu: bool,
-                 tile: Tuple[int, int, int], chunk: int, num_warps: int) -> None:
+                 bias, residual, out: torch.Tensor, stride, relu: bool,
+                 block_pix: int, block_n: int, chunk: int, num_warps: int) -> None:
     """Launch on the padded (C, Hp, Wp, N) input `xp`, writing `out` (N, K, P, Q) at its strides.
 
-    tile: (block_k, block_pix, block_n) channels, pixels and images per program. row_order: int32
-    (K,) channels by decreasing row length (read when block_k > 1). residual: None or a tensor with
-    out's strides; bias: (K,) contiguous or None. The caller has checked shapes, dtypes and that
-    N % block_n == 0.
+    residual: None or a tensor with out's strides; bias: (K,) contiguous or None.
+    The caller has checked shapes, dtypes and that N % block_n == 0.
     """
     _, hp, wp, n = xp.shape
     _, k, p, q = out.shape
     pq = p * q
-    block_k, block_pix, block_n = tile
     stride_n, stride_k, _, stride_pix = out.stride()
-    grid = (triton.cdiv(k, block_k) * triton.cdiv(pq, block_pix) * (n // block_n),)
+    grid = (k * triton.cdiv(pq, block_pix) * (n // block_n),)
     _direct_batch_kernel[grid](
-        xp, values, offsets, row_ptr, row_order, bias if bias is not None else out,
+        xp, values, offsets, row_ptr, bias if bias is not None else out,
         residual if residual is not None else out, out,
         n, k, pq, q, stride[0] * wp, stride[1], stride_n, stride_k, stride_pix,
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu,
-        BLOCK_K=block_k, BLOCK_PIX=block_pix, BLOCK_N=block_n, CHUNK=chunk, num_warps=num_warps, num_stages=1,
+        BLOCK_PIX=block_pix, BLOCK_N=block_n, CHUNK=chunk, num_warps=num_warps, num_stages=1,
     )

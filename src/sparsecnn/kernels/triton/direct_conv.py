@@ -56,7 +56,7 @@ from .tiles import channel_pixel_tile
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
 VARIANTS = ("chunk", "ell", "csr", "batch")
 OUT_LAYOUTS = ("nchw", "batch_inner")
-_CHUNKED_VARIANTS = ("chunk", "batch")  # on a `ChunkedCSRWeight`
+_CHUNKED_VARIANTS = ("chunk", "batch")  # one channel per program, on a `ChunkedCSRWeight`
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
 _MAX_ACC_PER_THREAD = 128  # beyond this the accumulators alone spill registers
@@ -140,7 +140,10 @@ def _direct_conv_kernel(
     store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
 
 
-@triton.jit
+# PQ and y_img_stride stay specialised (their divisibility by 4 lets the store of consecutive
+# pixels vectorise); the other integers only feed address arithmetic of gathers, and specialising
+# them would compile one kernel per layer shape.
+@triton.jit(do_not_specialize=["N", "K", "Q", "row_step", "col_step", "x_img_stride"])
 def _direct_chunk_kernel(
     x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr,
     N, K, PQ, Q, row_step, col_step, x_img_stride, y_img_stride,
@@ -187,8 +190,8 @@ class DirectConfig:
     tl.dot, so Triton does not pipeline it and 1 is the expected choice); variant: "chunk", "ell"
     or "csr", or "batch" (`direct_batch`: batch-innermost input, sub_batch = images per program,
     1..64, a divisor of N, and block_pix from 1); chunk: non-zeros per step of "chunk" and "batch"
-    (power of two, 4..32; the other variants ignore it). "chunk" computes one channel per program,
-    so it needs block_k = 1; "batch" takes block_k channels of similar row length. out_layout: the layout of a new output, "nchw" (contiguous)
+    (power of two, 4..32; the other variants ignore it). "chunk" and "batch" compute one channel per
+    program, so they need block_k = 1. out_layout: the layout of a new output, "nchw" (contiguous)
     or, for "batch" only, "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N), which a following
     "batch" layer reads without a transpose); not tuned: `nn.layout` sets it between batch layers.
     """
@@ -216,7 +219,7 @@ class DirectConfig:
         if self.out_layout not in OUT_LAYOUTS or (self.out_layout != "nchw" and not batch):
             raise ValueError(f"DirectConfig.out_layout must be one of {OUT_LAYOUTS} ('batch_inner' only for variant "
                              f"'batch'), got {self.out_layout!r} with variant {self.variant!r}")
-        if self.variant == "chunk" and self.block_k != 1:
+        if self.variant in _CHUNKED_VARIANTS and self.block_k != 1:
             raise ValueError(f"DirectConfig.block_k must be 1 for variant {self.variant!r}, got {self.block_k}")
         per_thread = self.block_k * self.sub_batch * self.block_pix // (32 * self.num_warps)
         if per_thread > _MAX_ACC_PER_THREAD:
@@ -289,7 +292,7 @@ def _chunked(spec: ConvSpec, block_pix: int, sub_batch: int, chunk: int, acc_per
 
 
 def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
-    """Configs for the autotuner, heuristic default first; <= 20, distinct.
+    """Configs for the autotuner, heuristic default first; <= 14, distinct.
 
     First the "chunk" variant, fastest on an H200 (benchmarks/results: 1.3-1.6x the one-step loop on
     resnet-conv1, r50 1x1, r18-cifar layers): one warp per 128-256 (pixel, image) lanes won
@@ -316,19 +319,17 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> Lis
 
 def _batch_configs(spec: ConvSpec) -> List[DirectConfig]:
     """Variant "batch" when N has a power-of-two divisor >= 4 (below that a thread's images are too
-    few for vector loads): BLOCK_N = that divisor up to 32, one warp per channel on 64-512
-    (pixel, image) lanes, i.e. 2-16 accumulators per thread. On the H100 (11 ResNet-50 layers x two
-    layouts, `benchmarks/results/2026-11-22-h100-s6-direct-batch.jsonl`) one channel of 128 lanes
-    won 15 of 22 cases and 256 lanes 7, 512 none; 64 lanes was added after that run. The tiles of
-    2-8 channels (one warp each, sharing the input tile in L1) came later."""
+    few for vector loads): BLOCK_N = that divisor up to 32, one warp on 64-512 (pixel, image)
+    lanes, i.e. 2-16 accumulators per thread. On the H100 (11 ResNet-50 layers x two layouts,
+    `benchmarks/results/2026-11-22-h100-s6-direct-batch.jsonl`) 128 lanes won 15 of 22 cases and
+    256 lanes 7, 512 none; 64 lanes was added after that run and is not measured yet."""
     block_n = min(32, spec.N & -spec.N) if spec.N > 0 else 0
     if block_n < 4:
         return []
     max_pix = max(1, pow2_at_least(spec.P * spec.Q))
-    shapes = ((1, 256, 1, 8), (1, 256, 1, 16), (1, 128, 1, 8), (1, 512, 1, 8), (1, 64, 1, 8),
-              (2, 256, 2, 8), (4, 256, 4, 8), (4, 128, 4, 8), (8, 128, 8, 8), (4, 256, 2, 8))
-    return [DirectConfig(min(max(lanes // block_n, 1), max_pix), block_k, block_n, warps, 1, "batch", chunk)
-            for block_k, lanes, warps, chunk in shapes]  # (channels, lanes per channel, warps, chunk)
+    shapes = ((256, 1, 8), (256, 1, 16), (128, 1, 8), (512, 1, 8), (64, 1, 8))  # (lanes, warps, chunk)
+    return [DirectConfig(min(max(lanes // block_n, 1), max_pix), 1, block_n, warps, 1, "batch", chunk)
+            for lanes, warps, chunk in shapes]
 
 
 def auto_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
@@ -341,8 +342,8 @@ def auto_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[Dir
 
 
 def _auto(config: DirectConfig) -> bool:
-    if config.variant == "batch":  # one channel of 128-256 lanes won all 22 layer x layout cases (see _batch_configs)
-        return config.block_k == 1 and 128 <= config.block_pix * config.sub_batch <= 256
+    if config.variant == "batch":  # 128-256 lanes won all 22 layer x layout cases (see _batch_configs)
+        return 128 <= config.block_pix * config.sub_batch <= 256
     if config.variant == "chunk":  # 128 pixels x 2 images x 16 won 7 of 748 direct layers before "batch" existed
         return config.block_pix <= 128 and not (config.block_pix == 128 and config.sub_batch == 2 and config.chunk == 16)
     return False  # "csr" won 1 of 199 layers once "batch" existed; "ell" never won
@@ -368,7 +369,7 @@ def _check_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, 
         raise ValueError(f"variant {config.variant!r} needs {'(K, L)' if ell else '1-D'} values with K={kernel_k}, "
                          f"got shape {tuple(values.shape)}")
     needed = {"row_ptr": (row_ptr, kernel_k + 1)} if not ell else {}
-    if config.variant == "csr" or (config.variant == "batch" and config.block_k > 1):
+    if config.variant == "csr":
         needed["row_order"] = (row_order, kernel_k)
     for name, (tensor, size) in needed.items():
         if tensor is None or tensor.dtype != torch.int32 or tensor.shape != (size,):
@@ -453,7 +454,7 @@ WeightArrays = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optiona
 
 def weight_arrays(weight: DirectWeight, padded_h: int, padded_w: int) -> WeightArrays:
     """(values, offsets, row_ptr, row_order): the tensors the kernel reads for a padded input of
-    padded_h x padded_w (H + 2 pad_h, W + 2 pad_w); row_ptr and row_order are None for "ell".
+    padded_h x padded_w (H + 2 pad_h, W + 2 pad_w); row_ptr is None for "ell", row_order except for "csr".
 
     values float32 and offsets int32 ((K, L) views for "ell", (slots,) or (nnz,) otherwise); row_ptr
     int32 (K + 1,); row_order int32 (K,). The offsets are cached on the weight per input size.
@@ -461,7 +462,7 @@ def weight_arrays(weight: DirectWeight, padded_h: int, padded_w: int) -> WeightA
     offsets = weight.offsets(padded_h, padded_w)
     variant = variant_of(weight)
     row_ptr = None if variant == "ell" else weight.row_ptr
-    return weight.values, offsets, row_ptr, None if variant == "ell" else weight.row_order
+    return weight.values, offsets, row_ptr, weight.row_order if variant == "csr" else None
 
 
 def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Tensor] = None,
@@ -529,9 +530,9 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
         if config.variant == "batch":
             if residual is not None and residual.stride() != out.stride():
                 residual = torch.empty_like(out).copy_(residual)  # the epilogue reads it at out's offsets
-            launch_batch(padded_batch_inner(x, ph, pw), _nonempty(values), _nonempty(offsets), row_ptr,
-                         row_ptr if row_order is None else row_order, bias, residual, out, spec.stride, relu,
-                         (config.block_k, config.block_pix, config.sub_batch), config.chunk, config.num_warps)
+            launch_batch(padded_batch_inner(x, ph, pw), _nonempty(values), _nonempty(offsets), row_ptr, bias,
+                         residual, out, spec.stride, relu, config.block_pix, config.sub_batch, config.chunk,
+                         config.num_warps)
         else:
             epilogue = (bias, None if residual is None else residual.contiguous())
             _launch(_padded_nchw(x, ph, pw), (values, offsets, row_ptr, row_order), epilogue, out, spec, config,
