@@ -8,7 +8,7 @@ RESULTS=$OUT/direct.jsonl
 TIMING="--warmup-ms 10 --rep-ms 30"
 what=${1:-all}
 
-bench() { python3 -m sparsecnn.cli bench layers --backends direct --all-configs $TIMING --out "$RESULTS" "$@" \
+bench() { python3 -m sparsecnn.cli bench layers --backends direct --configs all $TIMING --out "$RESULTS" "$@" \
           >>"$OUT/bench-direct.log" 2>&1 || echo "FAILED: bench layers $*"; }
 
 if [ "$what" = suites ] || [ "$what" = all ]; then

@@ -47,7 +47,7 @@ def _cmd_bench_layers(args) -> None:
         specs = [spec for spec in specs if spec.name in wanted]
     rows = bench_layers(specs, suite=args.suite, sparsity=args.sparsity,
                         pattern=args.pattern, dtype=args.dtype, backends=_split(args.backends),
-                        device=_device(args), seed=args.seed, configs="all" if args.all_configs else args.configs,
+                        device=_device(args), seed=args.seed, configs=args.configs,
                         timing=dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms), mode=args.mode,
                         on_rows=lambda layer_rows: write_jsonl(layer_rows, args.out))
     print(markdown_table(rows))
@@ -214,7 +214,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench_layers.add_argument("--layers", default=None, help="comma-separated subset of the suite's layers")
     bench_layers.add_argument("--configs", choices=("default", "auto", "all"), default="default",
                               help="configs timed per backend: its default, those backend=auto tries, or all")
-    bench_layers.add_argument("--all-configs", action="store_true", help="same as --configs all")
     bench_layers.add_argument("--mode", choices=("gpu", "eager"), default="gpu",
                               help="gpu: GPU time alone, launch overhead hidden (as under CUDA graphs); "
                                    "eager: launch overhead included")

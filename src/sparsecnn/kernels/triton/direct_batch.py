@@ -26,10 +26,12 @@ pixel tiles, then image blocks.
 
 Bound (Nsight Compute on the H100, ResNet-50 layer2.1.conv2, DLMC 0.9, N=32, 4 pixels x 32 images):
 L2 throughput 83% of peak, L1 hit rate 40%, L1 throughput 60%, 43% occupancy; warps wait on L1TEX
-loads. Tried and dropped (`benchmarks/results/2026-11-22-h100-s7-direct-batch.jsonl`): programs of
-2-8 channels of similar length (one warp each, stepping together) raised the L1 hit rate to 69%
-but made the kernel L1-throughput bound and 5-30% slower; loading a chunk's weights and offsets
-as two vectors instead of CHUNK scalars changed nothing (within 3%).
+loads. Tried and dropped: programs of 2-8 channels of similar length (one warp each, stepping
+together) raised the L1 hit rate to 69% but made the kernel L1-throughput bound: 166 us against
+128 us on that layer under Nsight Compute; in the layer benchmark (launch overhead included,
+`benchmarks/results/2026-11-22-h100-s7-direct-batch.jsonl`) within 2% on three of six layers and
+8-18% slower on the others. Loading a chunk's weights and offsets as two vectors instead of CHUNK
+scalars was never faster (0-4% slower per config, `...-s7-vector-chunk-loads.jsonl`).
 """
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ def _direct_conv_kernel(
     store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
 
 
-# PQ and y_img_stride stay specialised (their divisibility by 4 lets the store of consecutive
+# PQ and y_img_stride stay specialised (their divisibility by 16 lets the store of consecutive
 # pixels vectorise); the other integers only feed address arithmetic of gathers, and specialising
 # them would compile one kernel per layer shape.
 @triton.jit(do_not_specialize=["N", "K", "Q", "row_step", "col_step", "x_img_stride"])
@@ -322,7 +322,8 @@ def _batch_configs(spec: ConvSpec) -> List[DirectConfig]:
     few for vector loads): BLOCK_N = that divisor up to 32, one warp on 64-512 (pixel, image)
     lanes, i.e. 2-16 accumulators per thread. On the H100 (11 ResNet-50 layers x two layouts,
     `benchmarks/results/2026-11-22-h100-s6-direct-batch.jsonl`) 128 lanes won 15 of 22 cases and
-    256 lanes 7, 512 none; 64 lanes was added after that run and is not measured yet."""
+    256 lanes 7, 512 none; 64 lanes (2 pixels x 32 images) won none of six layers in session 7
+    (`2026-11-22-h100-s7-direct-batch.jsonl`)."""
     block_n = min(32, spec.N & -spec.N) if spec.N > 0 else 0
     if block_n < 4:
         return []
