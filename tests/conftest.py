@@ -1,6 +1,9 @@
 """Shared fixtures: seeded RNG, the `gpu` marker's skip, sparse weights that are never all zero."""
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,15 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "tru
 needs_interpreter = pytest.mark.skipif(
     not INTERPRET, reason="CPU runs of the Triton kernel need TRITON_INTERPRET=1 in the environment "
                           "before triton is imported (the GPU variants of these tests run without it)")
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def run_python(code: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter with sparsecnn importable (for checks on what a process imports)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout_s)
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET,
                                 reason="needs a CUDA GPU and TRITON_INTERPRET unset")
 

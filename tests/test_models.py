@@ -1,15 +1,10 @@
 import functools
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import run_python
 from sparsecnn.models import MODEL_NAMES, build_model, build_skeleton, default_input_shape
-
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 _build = functools.lru_cache(maxsize=None)(build_model)  # each model is built once per session
 
@@ -143,6 +138,5 @@ def test_skeleton_builds_and_simplifies_without_importing_dynamo_or_sympy():
     code = ("import sys, torch\nfrom sparsecnn.models import build_skeleton\nfrom sparsecnn.nn import "
             "prepare_for_inference\nprepare_for_inference(build_skeleton('resnet18'), example_inputs=torch.zeros(1, 3, "
             "32, 32))\nassert not {'torch._dynamo', 'sympy'} & set(sys.modules), 'imported torch._dynamo or sympy'")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    result = run_python(code)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import needs_interpreter, sparse_weight
+from conftest import needs_interpreter, run_python, sparse_weight
 from sparsecnn import ops
 from sparsecnn.backends import get_backend
 from sparsecnn.backends.registry import KernelCall
@@ -426,3 +426,32 @@ def test_triton_backends_bind_their_eager_implementation(backend):
     chosen = get_backend(backend)
     call = chosen.bind(chosen.prepare(weight, None), spec, None, torch.float32, False)
     assert call.eager is {"direct": ops.direct_conv2d_eager, "blocks": ops.blocks_conv2d_eager}[backend]
+
+
+_EAGER_RUNS_WITHOUT_DYNAMO = """
+import sys, types, torch
+from sparsecnn.backends import get_backend
+from sparsecnn.layers import ConvSpec
+spec = ConvSpec(2, 3, 4, 6, 6, 3, 3, 1, 1)
+x, weight = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+cusparse = get_backend("im2col-cusparse")
+y = cusparse.bind(cusparse.prepare(weight, None), spec, None, torch.float32, False)(x, None, None, True)
+assert torch.allclose(y, torch.nn.functional.conv2d(x, weight, padding=1).relu(), atol=1e-5)
+class Compiled:  # stands in for a compiled codegen kernel set (CUDA only)
+    plan = types.SimpleNamespace(spec=spec)
+    def __call__(self, x, bias):
+        return torch.nn.functional.conv2d(x, weight, bias, padding=1)
+kernels = Compiled()
+packed = types.SimpleNamespace(compiled=lambda *args: kernels)
+codegen = get_backend("codegen")
+y = codegen.bind(packed, spec, None, torch.float32, False)(x, None, None, True)
+assert torch.allclose(y, torch.nn.functional.conv2d(x, weight, padding=1).relu(), atol=1e-5)
+assert "torch._dynamo" not in sys.modules, "an eager run imported torch._dynamo"
+"""
+
+
+def test_eager_runs_of_the_non_triton_ops_do_not_import_dynamo():
+    # A custom op's first dispatch imports torch._dynamo (5-14 s on a cold machine): eager runs must
+    # call the ops' plain implementations.
+    result = run_python(_EAGER_RUNS_WITHOUT_DYNAMO)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -24,9 +24,11 @@ tensors (each backend's `bind` lists them), a kernel config as the JSON of its d
         the im2col + cuSPARSE baseline: torch.compile cannot trace sparse tensors, so the CSR
         weight travels as its three arrays and the op rebuilds it.
 
-`direct_conv2d_eager` and `blocks_conv2d_eager` are the same computations as plain functions: eager
-runs call them directly (`backends.KernelCall`), skipping the dispatcher and the custom op's
-autograd and dynamo wrappers, Python work that costs more than a small layer's kernel.
+Each op's `*_eager` twin is the same computation as a plain function: eager runs call it directly
+(`backends.KernelCall`), skipping the dispatcher and the custom op's autograd and dynamo wrappers,
+Python work that costs more than a small layer's kernel. The first dispatch of any custom op also
+imports torch._dynamo (its implementation is wrapped in `torch._disable_dynamo`): 5-14 s on a cold
+machine, which tuning used to pay through the codegen op.
 
 padded_hw: the (H + 2 pad_h, W + 2 pad_w) the offsets were expanded for; an input of another
 size is refused (its gathers would read the wrong elements). The dense and im2col + cuBLAS
@@ -52,8 +54,9 @@ from torch.library import custom_op, register_fake
 
 from .kernels.configs import check_residual
 
-__all__ = ["blocks_conv2d", "blocks_conv2d_eager", "codegen_conv2d", "codegen_kernel", "config_json", "direct_conv2d",
-           "direct_conv2d_eager", "im2col_csr_conv2d", "register_codegen"]
+__all__ = ["blocks_conv2d", "blocks_conv2d_eager", "codegen_conv2d", "codegen_conv2d_eager", "codegen_kernel",
+           "config_json", "direct_conv2d", "direct_conv2d_eager", "im2col_csr_conv2d", "im2col_csr_conv2d_eager",
+           "register_codegen"]
 
 
 def config_json(config: Any) -> str:
@@ -191,11 +194,13 @@ def _codegen_output(x: torch.Tensor, handle: int):
     return (x.shape[0], spec.K, spec.P, spec.Q)
 
 
-@custom_op("sparsecnn::codegen_conv2d", mutates_args=())
-def codegen_conv2d(x: torch.Tensor, bias: Optional[torch.Tensor], handle: int) -> torch.Tensor:
+def codegen_conv2d_eager(x: torch.Tensor, bias: Optional[torch.Tensor], handle: int) -> torch.Tensor:
     """conv(x) + bias by the codegen kernels registered under `handle` -> (N, K, P, Q)."""
     _codegen_output(x, handle)
     return codegen_kernel(handle)(x, bias)
+
+
+codegen_conv2d = custom_op("sparsecnn::codegen_conv2d", codegen_conv2d_eager, mutates_args=())
 
 
 @register_fake("sparsecnn::codegen_conv2d")
@@ -205,8 +210,7 @@ def _codegen_conv2d_fake(x, bias, handle):
 
 # --- im2col + CSR SpMM --------------------------------------------------------------------------
 
-@custom_op("sparsecnn::im2col_csr_conv2d", mutates_args=())
-def im2col_csr_conv2d(x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
+def im2col_csr_conv2d_eager(x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
                       bias: Optional[torch.Tensor], kernel_shape: List[int], stride: List[int], padding: List[int],
                       dilation: List[int]) -> torch.Tensor:
     """conv(x) + bias as CSR (K x C*R*S, the three arrays of a torch sparse CSR tensor) times the
@@ -222,6 +226,9 @@ def im2col_csr_conv2d(x: torch.Tensor, crow_indices: torch.Tensor, col_indices: 
     y = torch.sparse.mm(weight, cols.transpose(0, 1).reshape(c * r * s, n * p * q))
     y = y.reshape(k, n, p, q).transpose(0, 1)
     return (y if bias is None else y + bias.view(1, -1, 1, 1)).contiguous()
+
+
+im2col_csr_conv2d = custom_op("sparsecnn::im2col_csr_conv2d", im2col_csr_conv2d_eager, mutates_args=())
 
 
 @register_fake("sparsecnn::im2col_csr_conv2d")

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .. import ops  # noqa: F401  (registers torch.ops.sparsecnn)
+from .. import ops
 from ..formats import CSRWeight
 from ..layers import ConvSpec
 from .registry import Backend, KernelCall, apply_epilogue_, register_backend
@@ -59,6 +59,15 @@ def _spmm_conv(x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.T
     return apply_epilogue_(y, relu, residual)
 
 
+def _spmm_conv_eager(x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
+                     bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], kernel_shape: List[int],
+                     stride: List[int], padding: List[int], dilation: List[int], relu: bool) -> torch.Tensor:
+    """`_spmm_conv` without the dispatcher (see ops.py: its first dispatch imports torch._dynamo)."""
+    y = ops.im2col_csr_conv2d_eager(x, crow_indices, col_indices, values, bias, kernel_shape, stride, padding,
+                                    dilation)
+    return apply_epilogue_(y, relu, residual)
+
+
 def _csr_arrays(weight: torch.Tensor, config) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(crow_indices int64 (K + 1,), col_indices int64 (nnz,), values (nnz,)) of the K x C*R*S matrix:
     the arrays of a torch sparse CSR tensor, kept apart so that torch.compile can trace them."""
@@ -69,7 +78,7 @@ def _csr_arrays(weight: torch.Tensor, config) -> Tuple[torch.Tensor, torch.Tenso
 def _spmm_bind(arrays, spec: ConvSpec, config, dtype: torch.dtype, has_bias: bool) -> KernelCall:
     kernel_shape = [spec.K, spec.C, spec.R, spec.S]
     return KernelCall(_spmm_conv, tuple(arrays), (kernel_shape, list(spec.stride), list(spec.padding),
-                                                  list(spec.dilation)))
+                                                  list(spec.dilation)), eager=_spmm_conv_eager)
 
 
 def _groups_one(spec: ConvSpec) -> Optional[str]:

@@ -24,7 +24,7 @@ import torch
 
 from ..kernels import codegen
 from ..layers import ConvSpec
-from ..ops import register_codegen
+from ..ops import codegen_conv2d_eager, register_codegen
 from .registry import Backend, KernelCall, apply_epilogue_, register_backend
 from .workers import NOTHING, WorkerPool
 
@@ -120,11 +120,17 @@ def _codegen_conv(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optio
     return apply_epilogue_(torch.ops.sparsecnn.codegen_conv2d.default(x, bias, handle), relu, residual)
 
 
+def _codegen_conv_eager(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], handle: int,
+                        relu: bool) -> torch.Tensor:
+    """`_codegen_conv` without the dispatcher (see ops.py: its first dispatch imports torch._dynamo)."""
+    return apply_epilogue_(codegen_conv2d_eager(x, bias, handle), relu, residual)
+
+
 def _bind(packed: CodegenWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
     """The op `sparsecnn::codegen_conv2d` on this shape's kernels (compiled here on first use), then
     residual and ReLU as a post-op (the kernels' own ReLU would need a second compile per layer)."""
     compiled = packed.compiled(spec, config, has_bias, dtype)
-    return KernelCall(_codegen_conv, (), (register_codegen(compiled),), keepalive=compiled)
+    return KernelCall(_codegen_conv, (), (register_codegen(compiled),), keepalive=compiled, eager=_codegen_conv_eager)
 
 
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
