@@ -17,7 +17,7 @@ from sparsecnn.backends import get_backend
 from sparsecnn.backends.workers import job_times, reset_job_times
 from sparsecnn.kernels import codegen
 from sparsecnn.layers import ConvSpec
-from sparsecnn.nn import autotune_model
+from sparsecnn.nn import autotune_model, prepare_for_inference
 from sparsecnn.nn import sparsify as sparsify_module
 
 FP32 = POLICIES["fp32"]
@@ -176,19 +176,21 @@ def test_autotune_model_prefetches_at_each_layers_input_shape(monkeypatch, tmp_p
     if conv_dims == 1:
         model = nn.Sequential(nn.Conv1d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv1d(8, 4, 3, stride=2, bias=False))
         x = torch.randn(2, 3, 13)
-        expected = [(2, 3, 8, 1, 13, 1, 3, (1, 1), (0, 1), True), (2, 8, 4, 1, 13, 1, 3, (1, 2), (0, 0), False)]
+        expected = [(2, 3, 8, 1, 13, 1, 3, (1, 1), (0, 1), True, True), (2, 8, 4, 1, 13, 1, 3, (1, 2), (0, 0), False, False)]
     else:
         model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, stride=2, bias=False))
         x = torch.randn(2, 3, 13, 11)
-        expected = [(2, 3, 8, 13, 11, 3, 3, (1, 1), (1, 1), True), (2, 8, 4, 13, 11, 3, 3, (2, 2), (0, 0), False)]
+        expected = [(2, 3, 8, 13, 11, 3, 3, (1, 1), (1, 1), True, True), (2, 8, 4, 13, 11, 3, 3, (2, 2), (0, 0), False, False)]
     seen = []
 
-    def record(spec, weight, policy, device_type, backends=None, *, has_bias):
-        seen.append((spec.N, spec.C, spec.K, spec.H, spec.W, spec.R, spec.S, spec.stride, spec.padding, has_bias))
+    def record(spec, weight, policy, device_type, backends=None, *, has_bias, relu_only):
+        seen.append((spec.N, spec.C, spec.K, spec.H, spec.W, spec.R, spec.S, spec.stride, spec.padding, has_bias,
+                     relu_only))
         assert weight.shape == (spec.K, spec.C, spec.R, spec.S)
 
     monkeypatch.setattr(sparsify_module, "prefetch_candidates", record)
-    autotune_model(model.eval(), x, cache_dir=tmp_path, timer=_DenseTimer(), progress=False)
+    fused = prepare_for_inference(model.eval(), example_inputs=x)  # the first conv takes the ReLU
+    autotune_model(fused, x, cache_dir=tmp_path, timer=_DenseTimer(), progress=False)
     assert seen == expected
 
 

@@ -45,8 +45,9 @@ def record_codegen(layer: SparseConv2d, spec: ConvSpec, directory: Path) -> None
     now only if the local cache lacks them: the layer was bound, so it normally has them)."""
     from ..kernels import codegen
 
-    codegen.compile_conv(layer.packed_weight().weight, spec, layer.config, has_bias=layer.bias is not None,
-                         dtype=layer.weight.dtype, cache=_RecordingCache(directory / CODEGEN_DIR, DiskCache()))
+    codegen.compile_conv(layer.packed_weight().weight, spec, layer.config, relu=layer.relu_only,
+                         has_bias=layer.bias is not None, dtype=layer.weight.dtype,
+                         cache=_RecordingCache(directory / CODEGEN_DIR, DiskCache()))
 
 
 def install_codegen(directory: Path, names: Iterable[str]) -> int:

@@ -125,7 +125,8 @@ def _runner(candidate: Candidate, x: torch.Tensor, weight: torch.Tensor, bias: O
             spec: ConvSpec, relu: bool, residual: Optional[torch.Tensor]) -> Callable[[], torch.Tensor]:
     """The candidate's kernel bound once to its packed weight, as `SparseConv2d` runs it."""
     backend = get_backend(candidate.backend)
-    call = backend.bind(backend.prepare(weight, candidate.config), spec, candidate.config, x.dtype, bias is not None)
+    call = backend.bind_for(backend.prepare(weight, candidate.config), spec, candidate.config, x.dtype,
+                            bias is not None, relu and residual is None)
     return lambda: call(x, bias, residual, relu)
 
 
@@ -231,12 +232,13 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 
 def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionPolicy, device_type: str,
-                        backends: Optional[List[str]] = None, *, has_bias: bool) -> None:
-    """Call `Backend.prefetch(spec, weight, policy.dtype, has_bias, configs)` of each backend that
-    `candidates_for` offers, with the configs it offers.
+                        backends: Optional[List[str]] = None, *, has_bias: bool, relu_only: bool = False) -> None:
+    """Call `Backend.prefetch(spec, weight, policy.dtype, has_bias, configs, relu_only)` of each
+    backend that `candidates_for` offers, with the configs it offers.
 
     spec: the layer at the input shape it will be tuned on; weight: the masked (K, C // groups, R, S)
-    weight, bit-identical to the one tuning will prepare, so backends can recognise it by content.
+    weight, bit-identical to the one tuning will prepare, so backends can recognise it by content;
+    relu_only: the layer computes relu(conv + bias), no residual (see `Backend.bind_for`).
     """
     configs: Dict[str, List[Any]] = {}
     for candidate in candidates_for(spec, policy, device_type, backends):
@@ -244,4 +246,4 @@ def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionP
     for name, offered in configs.items():
         prefetch = get_backend(name).prefetch
         if prefetch is not None:
-            prefetch(spec, weight, policy.dtype, has_bias, offered)
+            prefetch(spec, weight, policy.dtype, has_bias, offered, relu_only)

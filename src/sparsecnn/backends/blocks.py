@@ -48,7 +48,7 @@ def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
 
 
 def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool,
-              configs: Optional[List[Any]] = None) -> None:
+              configs: Optional[List[Any]] = None, relu_only: bool = False) -> None:
     """Submit the extractions of every t2 of `configs` (None: those `backend="auto"` tries) for
     `weight` at `dtype` (they depend on nothing else)."""
     weight = weight.to(dtype)

@@ -56,16 +56,16 @@ def _as_compiled_array(weight: torch.Tensor) -> np.ndarray:
 
 
 def _compile_key(weight: np.ndarray, spec: ConvSpec, config: codegen.CodegenConfig, has_bias: bool,
-                 dtype: torch.dtype) -> Tuple:
+                 dtype: torch.dtype, relu: bool) -> Tuple:
     digest = hashlib.blake2b(weight.tobytes(), digest_size=16).hexdigest()
-    return digest, weight.shape, spec.with_batch(0), config, has_bias, str(dtype)
+    return digest, weight.shape, spec.with_batch(0), config, has_bias, str(dtype), relu
 
 
 def _compile_in_worker(weight: np.ndarray, spec: ConvSpec, config: codegen.CodegenConfig, has_bias: bool,
-                       dtype: torch.dtype) -> Tuple:
+                       dtype: torch.dtype, relu: bool) -> Tuple:
     """compile_conv in a worker process, one slice at a time (the workers are the parallelism):
     (plan, cubins, report) to rebuild the `CompiledConv` from."""
-    compiled = codegen.compile_conv(weight, spec, config, has_bias=has_bias, dtype=dtype, jobs=1)
+    compiled = codegen.compile_conv(weight, spec, config, relu=relu, has_bias=has_bias, dtype=dtype, jobs=1)
     return compiled.plan, compiled.cubins, compiled.report
 
 
@@ -82,16 +82,18 @@ class CodegenWeight:
         self._lock = threading.Lock()
 
     def compiled(self, spec: ConvSpec, config: Optional[codegen.CodegenConfig], has_bias: bool,
-                 dtype: torch.dtype = torch.float32) -> codegen.CompiledConv:
-        """The kernels for `spec` at `dtype` (batch ignored; config None: the dtype's default),
-        compiled on first use, or taken from a worker that `prefetch` set compiling."""
+                 dtype: torch.dtype = torch.float32, relu: bool = False) -> codegen.CompiledConv:
+        """The kernels for `spec` at `dtype` (batch ignored; config None: the dtype's default; relu:
+        with max(y, 0) compiled in), compiled on first use, or taken from a worker that `prefetch`
+        set compiling."""
         config = config or _configs(spec, dtype)[0]
-        key = _compile_key(self.weight, spec, config, has_bias, dtype)
+        key = _compile_key(self.weight, spec, config, has_bias, dtype, relu)
         with self._lock:
             if key not in self._compiled:
                 done = _WORKERS.take(key)
                 self._compiled[key] = (codegen.CompiledConv(*done) if done is not NOTHING else
-                                       codegen.compile_conv(self.weight, spec, config, has_bias=has_bias, dtype=dtype))
+                                       codegen.compile_conv(self.weight, spec, config, relu=relu, has_bias=has_bias,
+                                                            dtype=dtype))
             return self._compiled[key]
 
 
@@ -126,11 +128,37 @@ def _codegen_conv_eager(x: torch.Tensor, bias: Optional[torch.Tensor], residual:
     return apply_epilogue_(codegen_conv2d_eager(x, bias, handle), relu, residual)
 
 
+def _check_relu_only(residual: Optional[torch.Tensor], relu: bool) -> None:
+    if residual is not None or not relu:
+        raise ValueError("this codegen binding has the ReLU compiled into its kernels: call it with relu=True and "
+                         "no residual, or bind the layer without relu_only")
+
+
+def _codegen_relu_conv(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], handle: int,
+                       relu: bool) -> torch.Tensor:
+    _check_relu_only(residual, relu)
+    return torch.ops.sparsecnn.codegen_conv2d.default(x, bias, handle)
+
+
+def _codegen_relu_conv_eager(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                             handle: int, relu: bool) -> torch.Tensor:
+    _check_relu_only(residual, relu)
+    return codegen_conv2d_eager(x, bias, handle)
+
+
 def _bind(packed: CodegenWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
     """The op `sparsecnn::codegen_conv2d` on this shape's kernels (compiled here on first use), then
-    residual and ReLU as a post-op (the kernels' own ReLU would need a second compile per layer)."""
+    residual and ReLU as a post-op."""
     compiled = packed.compiled(spec, config, has_bias, dtype)
     return KernelCall(_codegen_conv, (), (register_codegen(compiled),), keepalive=compiled, eager=_codegen_conv_eager)
+
+
+def _bind_relu(packed: CodegenWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
+    """As `_bind`, with the ReLU compiled into the kernels (a separate compile): no pass over the
+    output after the kernel. Its call accepts only relu=True and no residual."""
+    compiled = packed.compiled(spec, config, has_bias, dtype, relu=True)
+    return KernelCall(_codegen_relu_conv, (), (register_codegen(compiled),), keepalive=compiled,
+                      eager=_codegen_relu_conv_eager)
 
 
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
@@ -149,14 +177,15 @@ def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
 
 
 def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool,
-              configs: Optional[List[Any]] = None) -> None:
-    """Start compiling `configs` (None: those `backend="auto"` tries) for `spec` in workers."""
+              configs: Optional[List[Any]] = None, relu_only: bool = False) -> None:
+    """Start compiling `configs` (None: those `backend="auto"` tries) for `spec` in workers, with the
+    ReLU compiled in when the layer will be bound `relu_only`."""
     if _spec_check(spec) is not None:
         return
     array = _as_compiled_array(weight)
     for config in _auto_configs(spec, dtype) if configs is None else configs:
-        _WORKERS.submit(_compile_key(array, spec, config, has_bias, dtype), _compile_in_worker, array, spec, config,
-                        has_bias, dtype)
+        _WORKERS.submit(_compile_key(array, spec, config, has_bias, dtype, relu_only), _compile_in_worker, array, spec,
+                        config, has_bias, dtype, relu_only)
 
 
 CODEGEN = register_backend(Backend(
@@ -172,4 +201,5 @@ CODEGEN = register_backend(Backend(
     autotune_devices=("cuda",),
     auto_configs=_auto_configs,
     prefetch=_prefetch,
+    bind_relu=_bind_relu,
 ))

@@ -83,9 +83,13 @@ class Backend:
     runs); e.g. a Triton backend runs on CPU only in the interpreter, for tests.
     auto_configs(spec, dtype), optional: the configs `backend="auto"` tries when the backend is
     not named (None: all of `configs`); for backends whose every config costs work per layer.
-    prefetch(spec, weight, dtype, has_bias, configs=None), optional: start preparing work for a
-    (K, C, R, S) weight that will be tuned with `configs` (None: its `auto_configs`) on inputs of
-    `spec`'s shape at `dtype` (e.g. in worker processes); must not change results.
+    prefetch(spec, weight, dtype, has_bias, configs=None, relu_only=False), optional: start
+    preparing work for a (K, C, R, S) weight that will be tuned with `configs` (None: its
+    `auto_configs`) on inputs of `spec`'s shape at `dtype` (e.g. in worker processes), bound with
+    `bind_for(..., relu_only)`; must not change results.
+    bind_relu, optional: a `bind` whose kernel computes relu(conv + bias) itself, for layers that
+    always ask for the ReLU and never pass a residual (`bind_for` picks it); its call refuses any
+    other epilogue.
     """
 
     name: str
@@ -99,6 +103,15 @@ class Backend:
     autotune_devices: Optional[Tuple[str, ...]] = None
     auto_configs: Optional[Callable[[ConvSpec, torch.dtype], List[Any]]] = None
     prefetch: Optional[Callable[..., None]] = None
+    bind_relu: Optional[BindFn] = None
+
+    def bind_for(self, packed: Any, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
+                 relu_only: bool = False) -> KernelCall:
+        """`bind`, or `bind_relu` when every call will ask for the ReLU without a residual
+        (`relu_only`) and the backend has one."""
+        if relu_only and self.bind_relu is not None:
+            return self.bind_relu(packed, spec, config, dtype, has_bias)
+        return self.bind(packed, spec, config, dtype, has_bias)
 
     def run(self, x: torch.Tensor, packed: Any, bias: Optional[torch.Tensor], spec: ConvSpec, config: Any, *,
             relu: bool = False, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -106,7 +119,8 @@ class Backend:
 
         Binds on every call; code that runs a layer repeatedly should `bind` once and call that.
         """
-        return self.bind(packed, spec, config, x.dtype, bias is not None)(x, bias, residual, relu)
+        call = self.bind_for(packed, spec, config, x.dtype, bias is not None, relu and residual is None)
+        return call(x, bias, residual, relu)
 
     def unsupported_reason(self, spec: ConvSpec, dtype: torch.dtype, device_type: str) -> Optional[str]:
         """None when this backend can run `spec` at `dtype` on `device_type`, else why not."""

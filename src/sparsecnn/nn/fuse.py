@@ -232,6 +232,7 @@ def _fuse_adds(gm: fx.GraphModule) -> List[str]:
             if (_fusable(gm, conv, calls, residual_allowed=False) and _same_shape(conv, residual)
                     and _residual_ready(gm, conv, add, residual)):
                 conv.kwargs = {"residual": residual}
+                gm.get_submodule(conv.target).takes_residual = True
                 add.prepend(conv)  # a no-op unless the residual is computed after the conv
                 add.replace_all_uses_with(conv)
                 gm.graph.erase_node(add)

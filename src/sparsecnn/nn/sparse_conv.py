@@ -35,9 +35,12 @@ class SparseConv2d(nn.Module):
     epilogue where the backend can. Cases the backend does not support run densely (F.conv2d);
     `extra_repr` says so.
 
-    Each input signature (shape, dtype, device) is planned, packed and bound once, eagerly
-    (`prepare`, or the first forward); after that forward is pure tensor work, so the layer runs
-    under torch.compile as one graph node per conv and under CUDA-graph capture.
+    Each input signature (shape, dtype, device, and whether a residual is passed) is planned,
+    packed and bound once, eagerly (`prepare`, or the first forward); after that forward is pure
+    tensor work, so the layer runs under torch.compile as one graph node per conv and under
+    CUDA-graph capture. `takes_residual` (set by `prepare_for_inference` when it fuses an add
+    into the layer) says which way `prepare` binds: with relu and no residual, a backend may
+    compile the ReLU into its kernel (`Backend.bind_for`).
     """
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -66,6 +69,7 @@ class SparseConv2d(nn.Module):
         self.fallback_reason: Optional[str] = None
         self.timings: Optional[dict] = None
         self.activation = activation
+        self.takes_residual = False
         self._set_backend(backend, config)
 
     def _set_backend(self, backend: str, config: Any) -> None:
@@ -178,10 +182,19 @@ class SparseConv2d(nn.Module):
         Any change to those afterwards repacks as usual."""
         self._packed, self._packed_key, self._binding = packed, self._packing_key(), None
 
-    def _bind(self, x: torch.Tensor) -> "_Binding":
+    @property
+    def relu_only(self) -> bool:
+        """Whether the layer computes relu(conv + bias) with no residual, as `prepare` binds it."""
+        return self.activation == "relu" and not self.takes_residual
+
+    def _binding_key(self, x: torch.Tensor, has_residual: bool) -> Tuple:
+        return self.backend, tuple(x.shape), x.dtype, x.device, self.activation == "relu" and not has_residual
+
+    def _bind(self, x: torch.Tensor, has_residual: bool) -> "_Binding":
         """The binding for inputs like `x` (eager only): reused while the input's shape, dtype and
-        device and the packed weight stay the same, else planned, packed and bound again."""
-        key = (self.backend, tuple(x.shape), x.dtype, x.device)
+        device, the residual's presence, the activation and the packed weight stay the same, else
+        planned, packed and bound again."""
+        key = self._binding_key(x, has_residual)
         old = self._binding
         if old is not None and old.key == key:
             spec, reason = old.spec, old.reason
@@ -198,21 +211,22 @@ class SparseConv2d(nn.Module):
             return old
         call = None
         if runs_backend:
-            call = get_backend(self.backend).bind(packed, spec, self.config, x.dtype, self.bias is not None)
+            call = get_backend(self.backend).bind_for(packed, spec, self.config, x.dtype, self.bias is not None,
+                                                      relu_only=key[-1])
             _mark_static(call.tensors)
         output_shape = spec.output_shape if self.conv_dims == 2 else (spec.N, spec.K, spec.Q)
         self._binding = _Binding(key, spec, reason, packed, call, output_shape)
         return self._binding
 
-    def _current_binding(self, x: torch.Tensor) -> "_Binding":
+    def _current_binding(self, x: torch.Tensor, has_residual: bool) -> "_Binding":
         """Eager (and CUDA-graph capture): checked and refreshed. Under torch.compile: read only;
         a layer not bound for this input is bound outside the graph (one graph break, once)."""
         if not torch.compiler.is_compiling():
-            return self._bind(x)
+            return self._bind(x, has_residual)
         binding = self._binding
-        if binding is None or binding.key != (self.backend, tuple(x.shape), x.dtype, x.device):
+        if binding is None or binding.key != self._binding_key(x, has_residual):
             # Decorating _bind at import would import torch._dynamo (and triton) with sparsecnn.
-            return torch.compiler.disable(self._bind)(x)
+            return torch.compiler.disable(self._bind)(x, has_residual)
         return binding
 
     def prepare(self, example_input: torch.Tensor) -> "SparseConv2d":
@@ -221,18 +235,19 @@ class SparseConv2d(nn.Module):
         forward does this on its first eager call. Do it (or run forward once) before CUDA-graph
         capture, and before torch.compile to keep the layer in one graph: under torch.compile the
         layer only reads its binding, so weight edits made after compiling are not seen until it
-        recompiles (an eager forward or `prepare` repacks them).
+        recompiles (an eager forward or `prepare` repacks them). Binds for calls with a residual
+        when `takes_residual`, else without.
         """
         self._check_input(example_input)
         with torch.no_grad():
-            self._bind(example_input)
+            self._bind(example_input, self.takes_residual)
         return self
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """act(conv(x) + bias + residual): x (N, C, H, W) or (N, C, L); residual None or a tensor of
         the output's shape, dtype and device; act per `activation`."""
         self._check_input(x)
-        binding = self._current_binding(x)
+        binding = self._current_binding(x, residual is not None)
         check_residual(residual, binding.output_shape, x)
         if binding.spec.N == 0:
             return x.new_empty(binding.output_shape)
@@ -252,13 +267,15 @@ class SparseConv2d(nn.Module):
         return apply_epilogue_(y, relu, residual)
 
     def get_extra_state(self) -> dict:
-        return {"backend": self.backend, "config": config_to_dict(self.config), "activation": self.activation}
+        return {"backend": self.backend, "config": config_to_dict(self.config), "activation": self.activation,
+                "takes_residual": self.takes_residual}
 
     def set_extra_state(self, state: dict) -> None:
         backend = get_backend(state["backend"])
         config = None if state.get("config") is None else backend.config_from_dict(state["config"])
         self._set_backend(backend.name, config)
         self.activation = state.get("activation", "none")
+        self.takes_residual = bool(state.get("takes_residual", self.takes_residual))
 
     def extra_repr(self) -> str:
         kernel = tuple(self.weight.shape[2:])
@@ -266,7 +283,7 @@ class SparseConv2d(nn.Module):
                 f"padding={self.padding}, density={self.density:.3f}, backend={self.backend}")
         if self.config is not None:
             text += f", config={self.config}"
-        text += f", activation={self.activation}"
+        text += f", activation={self.activation}" + (", takes_residual=True" if self.takes_residual else "")
         if self.groups != 1 or self.dilation != (1, 1):
             text += f", groups={self.groups}, dilation={self.dilation}"
         if self.fallback_reason is not None:
@@ -278,7 +295,7 @@ class SparseConv2d(nn.Module):
 class _Binding:
     """What forward needs for one input signature.
 
-    key: (backend, input shape, dtype, device); spec: the 2-D layer; reason: why the backend cannot
+    key: (backend, input shape, dtype, device, relu_only); spec: the 2-D layer; reason: why the backend cannot
     run it (None: it can); packed: the packed weight bound; call: the bound `KernelCall` (None
     for the dense fallback and empty batches); output_shape: forward's (N, K, P, Q) or (N, K, L_out).
     """

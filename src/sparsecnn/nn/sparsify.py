@@ -249,7 +249,8 @@ def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, torch.Siz
         weight = (layer.weight.detach() * _checked_mask(layer, name, masks.get(name))).to(policy.dtype)
         weight = (weight.unsqueeze(2) if layer.conv_dims == 1 else weight).contiguous()
         spec = layer.spec_for(torch.empty(input_shapes[name], device="meta"))
-        prefetch_candidates(spec, weight, policy, device_type, backends, has_bias=layer.bias is not None)
+        prefetch_candidates(spec, weight, policy, device_type, backends, has_bias=layer.bias is not None,
+                            relu_only=layer.relu_only)
 
 
 class _LayerTuning:
