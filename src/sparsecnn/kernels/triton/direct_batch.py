@@ -79,7 +79,9 @@ def _direct_batch_kernel(
     store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
 
 
-@triton.jit
+# Specialised: N (aligned stores along n) and sx_w (unit stride: coalesced loads along w); the
+# rest would give one compile per feature-map size and padding.
+@triton.jit(do_not_specialize=["H", "W", "Hp", "Wp", "pad_h", "pad_w", "sx_n", "sx_c", "sx_h"])
 def _pack_batch_inner_kernel(x_ptr, xp_ptr, N, H, W, Hp, Wp, pad_h, pad_w, sx_n, sx_c, sx_h, sx_w,
                              BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
     """xp[c, hp, wp, n] = x[n, c, hp - pad_h, wp - pad_w] inside the image, 0 on the border.
