@@ -102,16 +102,17 @@ def _queue_slot(num_slots, USE_SMID: tl.constexpr):
 def _claim(slot_items_ptr, slot_chunks_ptr, next_chunk_ptr, slot, table_width, chunk_k):
     """(position in chunk, chunk) of the next item of queue `slot`. Items of a queue are numbered
     in claim order; each run of chunk_k of them shares one chunk, which the claimer of the run's
-    first item takes from the global counter and publishes for the others (who wait for it)."""
+    first item takes from the global counter and publishes for the others (who wait for it).
+    The first claimer's atomics are masked, not branched: inside an `if`, Triton 3.6 compiled
+    this kernel's stores wrongly on the H100 (most outputs never written)."""
     item = tl.atomic_add(slot_items_ptr + slot, 1)
     entry = slot_chunks_ptr + slot * table_width + item // chunk_k
-    if item % chunk_k == 0:
-        chunk = tl.atomic_add(next_chunk_ptr, 1)
-        tl.atomic_xchg(entry, chunk)
-    else:
+    first = item % chunk_k == 0
+    taken = tl.atomic_add(next_chunk_ptr, 1, mask=first)
+    tl.atomic_xchg(entry, taken, mask=first)
+    chunk = tl.atomic_add(entry, 0)
+    while chunk < 0:
         chunk = tl.atomic_add(entry, 0)
-        while chunk < 0:
-            chunk = tl.atomic_add(entry, 0)
     return item % chunk_k, chunk
 
 
