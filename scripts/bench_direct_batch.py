@@ -7,9 +7,8 @@ batch layers), and the layout copy alone. Rows: the results schema, kind "layer"
 says the variant and `io` ("nchw" or "batch_inner"); the copy alone is backend "layout-copy".
 --residual adds a residual of the output's layout and a ReLU to every call (fused into direct; an
 add and a ReLU after cuDNN), as in a bottleneck's last conv; the config dict then says "residual".
---schedules: the "batch" configs' schedules to time ("grid", "sm").
 Usage: python scripts/bench_direct_batch.py --out FILE [--layers a,b] [--dtypes fp32,fp16] [--batch 32]
-    [--variants chunk,batch] [--residual] [--schedules grid,sm]
+    [--variants chunk,batch] [--residual]
 """
 from __future__ import annotations
 
@@ -72,9 +71,7 @@ def _layer_rows(spec, dtype_name, args, base):
         _time(cudnn, ref))
     backend = get_backend("direct")
     x_inner = direct_batch.batch_inner_view(x.shape, dtype, x.device).copy_(x)
-    configs = [dataclasses.replace(config, schedule=schedule) if config.variant == "batch" else config
-               for config in backend.configs(spec, dtype) for schedule in args.schedules.split(",")]
-    for config in dict.fromkeys(configs):
+    for config in backend.configs(spec, dtype):
         if config.variant not in args.variants.split(","):
             continue
         packed = backend.prepare(weight, config)
@@ -102,7 +99,6 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--variants", default="chunk,batch", help="direct variants to time: chunk, batch")
     parser.add_argument("--residual", action="store_true", help="fuse a residual add and a ReLU")
-    parser.add_argument("--schedules", default="grid", help="schedules of the batch configs: grid, sm")
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--pattern", default="dlmc-magnitude_pruning")
     args = parser.parse_args()
@@ -118,8 +114,7 @@ def main() -> None:
             cudnn = rows[0]["median_ms"]
             best = {}
             for r in rows[1:]:
-                key = (r["backend"], r["config"].get("variant"), r["config"].get("schedule"), r["config"].get("io"),
-                       r["config"].get("from"))
+                key = (r["backend"], r["config"].get("variant"), r["config"].get("io"), r["config"].get("from"))
                 if key not in best or r["median_ms"] < best[key][0]:
                     best[key] = (r["median_ms"], r["rel_err"])
             summary = "  ".join(f"{'/'.join(str(k) for k in key if k)} {cudnn / ms:.2f}x" for key, (ms, _) in best.items())

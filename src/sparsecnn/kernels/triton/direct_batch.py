@@ -41,7 +41,7 @@ import triton.language as tl
 import torch
 
 from .epilogue import store_epilogue
-from .tiles import channel_pixel_tile, pixel_tile
+from .tiles import channel_pixel_tile
 
 
 # Only N is specialised (its divisibility by 16 makes the gathers 128-bit): Triton would otherwise
@@ -62,20 +62,11 @@ def _direct_batch_kernel(
     (in positions). val/off/row_ptr: a `ChunkedCSRWeight` (rows padded to multiples of CHUNK).
     """
     k, n_block, pix, pix_ok, x_pos = channel_pixel_tile(K, PQ, Q, row_step, col_step, BLOCK_PIX)
-    _batch_item(x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr, k, n_block, pix, pix_ok, x_pos,
-                N, y_stride_n, y_stride_k, y_stride_pix, HAS_BIAS, HAS_RESIDUAL, RELU, BLOCK_N, CHUNK)
-
-
-@triton.jit
-def _batch_item(x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr, k, n_block, pix, pix_ok, x_pos,
-                N, y_stride_n, y_stride_k, y_stride_pix, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                RELU: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr):
-    """Output channel k on the pixels `pix` (input positions x_pos) of images block n_block."""
     img = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     x_tile = x_ptr + (x_pos * N)[:, None] + img[None, :]   # [PIX, N] pointers, contiguous along N
     start = tl.load(row_ptr_ptr + k)
     end = tl.load(row_ptr_ptr + k + 1)
-    acc = tl.zeros([x_pos.shape[0], BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_PIX, BLOCK_N], dtype=tl.float32)
     for j in range(start, end, CHUNK):
         for c in tl.static_range(CHUNK):
             w = tl.load(val_ptr + j + c)
@@ -86,63 +77,6 @@ def _batch_item(x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr, 
     y_offs = pix[:, None] * y_stride_pix + img[None, :].to(tl.int64) * y_stride_n + k * y_stride_k
     mask = pix_ok[:, None] & (img < N)[None, :]
     store_epilogue(acc, y_ptr, res_ptr, y_offs, mask, HAS_RESIDUAL, RELU)
-
-
-@triton.jit
-def _queue_slot(num_slots, USE_SMID: tl.constexpr):
-    """This program's work queue: its SM's (%smid modulo num_slots), or 0 where PTX cannot run."""
-    if USE_SMID:
-        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        sm = tl.program_id(0) * 0
-    return sm % num_slots
-
-
-@triton.jit
-def _claim(slot_items_ptr, slot_chunks_ptr, next_chunk_ptr, slot, table_width, chunk_k):
-    """(position in chunk, chunk) of the next item of queue `slot`. Items of a queue are numbered
-    in claim order; each run of chunk_k of them shares one chunk, which the claimer of the run's
-    first item takes from the global counter and publishes for the others (who wait for it).
-    The first claimer's atomics are masked, not branched: inside an `if`, Triton 3.6 compiled
-    this kernel's stores wrongly on the H100 (most outputs never written)."""
-    item = tl.atomic_add(slot_items_ptr + slot, 1)
-    entry = slot_chunks_ptr + slot * table_width + item // chunk_k
-    first = item % chunk_k == 0
-    taken = tl.atomic_add(next_chunk_ptr, 1, mask=first)
-    tl.atomic_xchg(entry, taken, mask=first)
-    chunk = tl.atomic_add(entry, 0)
-    while chunk < 0:
-        chunk = tl.atomic_add(entry, 0)
-    return item % chunk_k, chunk
-
-
-@triton.jit(do_not_specialize=["K", "PQ", "Q", "row_step", "col_step", "y_stride_n", "y_stride_k", "y_stride_pix",
-                               "num_slots", "table_width", "chunk_k", "num_chunks"])
-def _direct_batch_sm_kernel(
-    x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr, slot_items_ptr, slot_chunks_ptr, next_chunk_ptr,
-    N, K, PQ, Q, row_step, col_step, y_stride_n, y_stride_k, y_stride_pix,
-    num_slots, table_width, chunk_k, num_chunks,
-    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr,
-    BLOCK_PIX: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, USE_SMID: tl.constexpr,
-):
-    """`_direct_batch_kernel`'s items, scheduled so that the programs resident on one SM work on
-    the same pixel tile: a persistent grid whose programs take items from their SM's queue; a
-    queue works through chunks of chunk_k channels x one pixel tile x one image block, taken from
-    a global counter. slot_items (num_slots,) zeros, slot_chunks (num_slots, table_width) -1s,
-    next_chunk (1,) zero: fresh for each launch."""
-    slot = _queue_slot(num_slots, USE_SMID)
-    kgroups = tl.cdiv(K, chunk_k)
-    tiles = tl.cdiv(PQ, BLOCK_PIX)
-    within, chunk = _claim(slot_items_ptr, slot_chunks_ptr, next_chunk_ptr, slot, table_width, chunk_k)
-    while chunk < num_chunks:
-        k = (chunk % kgroups) * chunk_k + within
-        if k < K:
-            tile = (chunk // kgroups) % tiles
-            pix, pix_ok, x_pos = pixel_tile(tile, PQ, Q, row_step, col_step, BLOCK_PIX)
-            _batch_item(x_ptr, val_ptr, off_ptr, row_ptr_ptr, bias_ptr, res_ptr, y_ptr, k, chunk // (kgroups * tiles),
-                        pix, pix_ok, x_pos, N, y_stride_n, y_stride_k, y_stride_pix, HAS_BIAS, HAS_RESIDUAL, RELU,
-                        BLOCK_N, CHUNK)
-        within, chunk = _claim(slot_items_ptr, slot_chunks_ptr, next_chunk_ptr, slot, table_width, chunk_k)
 
 
 # Specialised: N (aligned stores along n) and sx_w (unit stride: coalesced loads along w); the
@@ -195,40 +129,23 @@ def padded_batch_inner(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
     return padded
 
 
-SCHEDULES = ("grid", "sm")
-_PROGRAMS_PER_SM = 32  # the most blocks an SM of sm_80/sm_90 holds; more wait and find the queues empty
-
-
 def launch_batch(xp: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, row_ptr: torch.Tensor,
                  bias, residual, out: torch.Tensor, stride, relu: bool,
-                 block_pix: int, block_n: int, chunk: int, num_warps: int, schedule: str = "grid") -> None:
+                 block_pix: int, block_n: int, chunk: int, num_warps: int) -> None:
     """Launch on the padded (C, Hp, Wp, N) input `xp`, writing `out` (N, K, P, Q) at its strides.
 
-    residual: None or a tensor with out's strides; bias: (K,) contiguous or None. schedule: "grid"
-    (one program per item, channels fastest) or "sm" (`_direct_batch_sm_kernel`).
+    residual: None or a tensor with out's strides; bias: (K,) contiguous or None.
     The caller has checked shapes, dtypes and that N % block_n == 0.
     """
     _, hp, wp, n = xp.shape
     _, k, p, q = out.shape
     pq = p * q
     stride_n, stride_k, _, stride_pix = out.stride()
-    operands = (xp, values, offsets, row_ptr, bias if bias is not None else out,
-                residual if residual is not None else out, out)
-    geometry = (n, k, pq, q, stride[0] * wp, stride[1], stride_n, stride_k, stride_pix)
-    flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu,
-                 BLOCK_PIX=block_pix, BLOCK_N=block_n, CHUNK=chunk, num_warps=num_warps, num_stages=1)
-    items = k * triton.cdiv(pq, block_pix) * (n // block_n)
-    if schedule == "grid":
-        _direct_batch_kernel[(items,)](*operands, *geometry, **flags)
-        return
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    slots = torch.cuda.get_device_properties(out.device).multi_processor_count if out.is_cuda else 1
-    chunk_k = min(k, _PROGRAMS_PER_SM)
-    num_chunks = triton.cdiv(k, chunk_k) * triton.cdiv(pq, block_pix) * (n // block_n)
-    programs = min(slots * _PROGRAMS_PER_SM, items)
-    width = num_chunks + programs // chunk_k + 2  # every program ends with one claim past the last chunk
-    counters = torch.zeros(slots + 1, dtype=torch.int32, device=out.device)
-    table = torch.full((slots, width), -1, dtype=torch.int32, device=out.device)
-    _direct_batch_sm_kernel[(programs,)](*operands, counters, table, counters[slots:], *geometry,
-                                         slots, width, chunk_k, num_chunks, USE_SMID=out.is_cuda, **flags)
+    grid = (k * triton.cdiv(pq, block_pix) * (n // block_n),)
+    _direct_batch_kernel[grid](
+        xp, values, offsets, row_ptr, bias if bias is not None else out,
+        residual if residual is not None else out, out,
+        n, k, pq, q, stride[0] * wp, stride[1], stride_n, stride_k, stride_pix,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu,
+        BLOCK_PIX=block_pix, BLOCK_N=block_n, CHUNK=chunk, num_warps=num_warps, num_stages=1,
+    )

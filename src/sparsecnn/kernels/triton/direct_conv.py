@@ -49,7 +49,7 @@ from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
 from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
                        pow2_at_least, stride_padding)
-from .direct_batch import SCHEDULES, batch_inner_view, is_batch_inner, launch_batch, padded_batch_inner
+from .direct_batch import batch_inner_view, is_batch_inner, launch_batch, padded_batch_inner
 from .epilogue import store_epilogue
 from .tiles import channel_pixel_tile
 
@@ -194,9 +194,6 @@ class DirectConfig:
     program, so they need block_k = 1. out_layout: the layout of a new output, "nchw" (contiguous)
     or, for "batch" only, "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N), which a following
     "batch" layer reads without a transpose); not tuned: `nn.layout` sets it between batch layers.
-    schedule ("batch" only): "grid" (a program per channel x pixel tile x image block, channels
-    fastest) or "sm" (a persistent grid whose programs on one SM share pixel tiles, see
-    `direct_batch._direct_batch_sm_kernel`).
     """
 
     block_pix: int = 128
@@ -207,7 +204,6 @@ class DirectConfig:
     variant: str = "ell"
     chunk: int = 8
     out_layout: str = "nchw"
-    schedule: str = "grid"
 
     def __post_init__(self):
         batch = self.variant == "batch"
@@ -223,9 +219,6 @@ class DirectConfig:
         if self.out_layout not in OUT_LAYOUTS or (self.out_layout != "nchw" and not batch):
             raise ValueError(f"DirectConfig.out_layout must be one of {OUT_LAYOUTS} ('batch_inner' only for variant "
                              f"'batch'), got {self.out_layout!r} with variant {self.variant!r}")
-        if self.schedule not in SCHEDULES or (self.schedule != "grid" and not batch):
-            raise ValueError(f"DirectConfig.schedule must be one of {SCHEDULES} ('sm' only for variant 'batch'), "
-                             f"got {self.schedule!r} with variant {self.variant!r}")
         if self.variant in _CHUNKED_VARIANTS and self.block_k != 1:
             raise ValueError(f"DirectConfig.block_k must be 1 for variant {self.variant!r}, got {self.block_k}")
         per_thread = self.block_k * self.sub_batch * self.block_pix // (32 * self.num_warps)
@@ -540,7 +533,7 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
                 residual = torch.empty_like(out).copy_(residual)  # the epilogue reads it at out's offsets
             launch_batch(padded_batch_inner(x, ph, pw), _nonempty(values), _nonempty(offsets), row_ptr, bias,
                          residual, out, spec.stride, relu, config.block_pix, config.sub_batch, config.chunk,
-                         config.num_warps, config.schedule)
+                         config.num_warps)
         else:
             epilogue = (bias, None if residual is None else residual.contiguous())
             _launch(_padded_nchw(x, ph, pw), (values, offsets, row_ptr, row_order), epilogue, out, spec, config,

@@ -14,15 +14,8 @@ def channel_pixel_tile(K, PQ, Q, row_step, col_step, BLOCK_PIX: tl.constexpr):
     k = pid % K
     tile = (pid // K) % tl.cdiv(PQ, BLOCK_PIX)
     group = pid // (K * tl.cdiv(PQ, BLOCK_PIX))
-    pix, pix_ok, x_pos = pixel_tile(tile, PQ, Q, row_step, col_step, BLOCK_PIX)
-    return k, group, pix, pix_ok, x_pos
-
-
-@triton.jit
-def pixel_tile(tile, PQ, Q, row_step, col_step, BLOCK_PIX: tl.constexpr):
-    """(pix, pix_ok, x_pos) of pixel tile `tile`: see `channel_pixel_tile`."""
     pix = tile * BLOCK_PIX + tl.arange(0, BLOCK_PIX)
     pix_ok = pix < PQ
     pix_in = tl.minimum(pix, PQ - 1)
     oh = pix_in // Q
-    return pix, pix_ok, oh * row_step + (pix_in - oh * Q) * col_step
+    return k, group, pix, pix_ok, oh * row_step + (pix_in - oh * Q) * col_step
