@@ -66,3 +66,14 @@ def test_conv1d_spec_from_model():
     model = nn.Sequential(nn.Conv1d(4, 6, 3, stride=2, padding=1))
     (spec,) = specs_from_model(model, (2, 4, 17))
     assert (spec.H, spec.R, spec.W, spec.S, spec.Q) == (1, 1, 17, 3, 9)
+
+
+def test_launch_spec_is_the_layers_spec_built_once_per_shape():
+    from sparsecnn.kernels.configs import launch_spec
+
+    spec = launch_spec((3, 5, 13, 11), (33, 5, 3, 3), (2, 2), (1, 1))
+    assert spec == ConvSpec(3, 5, 33, 13, 11, 3, 3, 2, 1)
+    assert spec.output_shape == (3, 33, 7, 6)
+    assert launch_spec((3, 5, 13, 11), (33, 5, 3, 3), (2, 2), (1, 1)) is spec
+    with pytest.raises(ValueError):
+        launch_spec((3, 5, 2, 2), (33, 5, 3, 3), (1, 1), (0, 0))  # no output pixel: refused as ConvSpec refuses it

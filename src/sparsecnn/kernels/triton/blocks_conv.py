@@ -62,7 +62,7 @@ from ...formats import expand_offsets
 from ...formats.blocks import BlockDecomposition, BlockParams, extract_blocks
 from ...layers import ConvSpec
 from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
-                       int_pair, pow2_at_least, stride_padding)
+                       int_pair, launch_spec, pow2_at_least, stride_padding)
 from .epilogue import store_epilogue
 
 PRECISIONS = ("ieee", "tf32", "tf32x3")
@@ -537,7 +537,7 @@ def blocks_conv2d_arrays(x: torch.Tensor, arrays: BlocksArrays, kernel_shape: Tu
     if bias is not None and (bias.shape != (k,) or bias.device != x.device or not bias.is_floating_point()):
         raise ValueError(f"bias must be a floating ({k},) tensor on {x.device}, "
                          f"got {bias.dtype} {tuple(bias.shape)} on {bias.device}")
-    spec = ConvSpec(n, c, k, h, w, r, s, (sh, sw), (ph, pw))
+    spec = launch_spec(tuple(x.shape), tuple(kernel_shape), (sh, sw), (ph, pw))
     check_residual(residual, spec.output_shape, x)
     hp, wp = h + 2 * ph, w + 2 * pw
     if c * hp * wp > _INT32_MAX or k * spec.P * spec.Q > _INT32_MAX:

@@ -48,7 +48,7 @@ import triton.language as tl
 from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
 from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
-                       pow2_at_least, stride_padding)
+                       launch_spec, pow2_at_least, stride_padding)
 from .direct_batch import batch_inner_view, is_batch_inner, launch_batch, padded_batch_inner
 from .epilogue import store_epilogue
 from .tiles import channel_pixel_tile
@@ -511,7 +511,7 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
     n, c, h, w = x.shape
     if c != kernel_c:
         raise ValueError(f"x has {c} channels, the weight expects {kernel_c}")
-    spec = ConvSpec(n, c, kernel_k, h, w, kernel_r, kernel_s, (sh, sw), (ph, pw))
+    spec = launch_spec(tuple(x.shape), tuple(kernel_shape), (sh, sw), (ph, pw))
     _check_arrays(x, values, offsets, row_ptr, row_order, kernel_k, config)
     _check_bias(bias, kernel_k, x)
     check_residual(residual, spec.output_shape, x)
