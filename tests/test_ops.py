@@ -442,7 +442,7 @@ class Compiled:  # stands in for a compiled codegen kernel set (CUDA only)
     def __call__(self, x, bias):
         return torch.nn.functional.conv2d(x, weight, bias, padding=1)
 kernels = Compiled()
-packed = types.SimpleNamespace(compiled=lambda *args: kernels)
+packed = types.SimpleNamespace(compiled=lambda *args, **kwargs: kernels)
 codegen = get_backend("codegen")
 y = codegen.bind(packed, spec, None, torch.float32, False)(x, None, None, True)
 assert torch.allclose(y, torch.nn.functional.conv2d(x, weight, padding=1).relu(), atol=1e-5)

@@ -210,9 +210,9 @@ def _codegen_conv2d_fake(x, bias, handle):
 
 # --- im2col + CSR SpMM --------------------------------------------------------------------------
 
-def im2col_csr_conv2d_eager(x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
-                      bias: Optional[torch.Tensor], kernel_shape: List[int], stride: List[int], padding: List[int],
-                      dilation: List[int]) -> torch.Tensor:
+def im2col_csr_conv2d_eager(x: torch.Tensor, crow_indices: torch.Tensor, col_indices: torch.Tensor,
+                            values: torch.Tensor, bias: Optional[torch.Tensor], kernel_shape: List[int],
+                            stride: List[int], padding: List[int], dilation: List[int]) -> torch.Tensor:
     """conv(x) + bias as CSR (K x C*R*S, the three arrays of a torch sparse CSR tensor) times the
     unfolded input (torch.sparse.mm: cuSPARSE on CUDA) -> (N, K, P, Q). groups = 1."""
     k, c, r, s = kernel_shape

@@ -117,48 +117,45 @@ def _prepare(weight: torch.Tensor, config: Any) -> CodegenWeight:
     return CodegenWeight(weight)
 
 
-def _codegen_conv(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], handle: int,
-                  relu: bool) -> torch.Tensor:
-    return apply_epilogue_(torch.ops.sparsecnn.codegen_conv2d.default(x, bias, handle), relu, residual)
-
-
-def _codegen_conv_eager(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], handle: int,
-                        relu: bool) -> torch.Tensor:
-    """`_codegen_conv` without the dispatcher (see ops.py: its first dispatch imports torch._dynamo)."""
-    return apply_epilogue_(codegen_conv2d_eager(x, bias, handle), relu, residual)
-
-
-def _check_relu_only(residual: Optional[torch.Tensor], relu: bool) -> None:
+def _epilogue(y: torch.Tensor, residual: Optional[torch.Tensor], fused_relu: bool, relu: bool) -> torch.Tensor:
+    """act(y + residual) after the kernels; with `fused_relu` the kernels applied the ReLU already,
+    so only relu=True without a residual is accepted."""
+    if not fused_relu:
+        return apply_epilogue_(y, relu, residual)
     if residual is not None or not relu:
         raise ValueError("this codegen binding has the ReLU compiled into its kernels: call it with relu=True and "
                          "no residual, or bind the layer without relu_only")
+    return y
 
 
-def _codegen_relu_conv(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], handle: int,
-                       relu: bool) -> torch.Tensor:
-    _check_relu_only(residual, relu)
-    return torch.ops.sparsecnn.codegen_conv2d.default(x, bias, handle)
+def _codegen_conv(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], handle: int,
+                  fused_relu: bool, relu: bool) -> torch.Tensor:
+    return _epilogue(torch.ops.sparsecnn.codegen_conv2d.default(x, bias, handle), residual, fused_relu, relu)
 
 
-def _codegen_relu_conv_eager(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
-                             handle: int, relu: bool) -> torch.Tensor:
-    _check_relu_only(residual, relu)
-    return codegen_conv2d_eager(x, bias, handle)
+def _codegen_conv_eager(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], handle: int,
+                        fused_relu: bool, relu: bool) -> torch.Tensor:
+    """`_codegen_conv` without the dispatcher (see ops.py: its first dispatch imports torch._dynamo)."""
+    return _epilogue(codegen_conv2d_eager(x, bias, handle), residual, fused_relu, relu)
+
+
+def _bind_kernels(packed: CodegenWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
+                  relu: bool) -> KernelCall:
+    """The op `sparsecnn::codegen_conv2d` on this shape's kernels (compiled on first use), with the
+    ReLU compiled in when `relu` (a separate compile; no pass over the output after the kernels)."""
+    compiled = packed.compiled(spec, config, has_bias, dtype, relu=relu)
+    return KernelCall(_codegen_conv, (), (register_codegen(compiled), relu), keepalive=compiled,
+                      eager=_codegen_conv_eager)
 
 
 def _bind(packed: CodegenWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
-    """The op `sparsecnn::codegen_conv2d` on this shape's kernels (compiled here on first use), then
-    residual and ReLU as a post-op."""
-    compiled = packed.compiled(spec, config, has_bias, dtype)
-    return KernelCall(_codegen_conv, (), (register_codegen(compiled),), keepalive=compiled, eager=_codegen_conv_eager)
+    """Residual and ReLU applied after the kernels."""
+    return _bind_kernels(packed, spec, config, dtype, has_bias, relu=False)
 
 
 def _bind_relu(packed: CodegenWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
-    """As `_bind`, with the ReLU compiled into the kernels (a separate compile): no pass over the
-    output after the kernel. Its call accepts only relu=True and no residual."""
-    compiled = packed.compiled(spec, config, has_bias, dtype, relu=True)
-    return KernelCall(_codegen_relu_conv, (), (register_codegen(compiled),), keepalive=compiled,
-                      eager=_codegen_relu_conv_eager)
+    """The ReLU compiled into the kernels: the call accepts only relu=True and no residual."""
+    return _bind_kernels(packed, spec, config, dtype, has_bias, relu=True)
 
 
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:

@@ -185,10 +185,13 @@ class SparseConv2d(nn.Module):
     @property
     def relu_only(self) -> bool:
         """Whether the layer computes relu(conv + bias) with no residual, as `prepare` binds it."""
-        return self.activation == "relu" and not self.takes_residual
+        return self._relu_only(self.takes_residual)
+
+    def _relu_only(self, has_residual: bool) -> bool:
+        return self.activation == "relu" and not has_residual
 
     def _binding_key(self, x: torch.Tensor, has_residual: bool) -> Tuple:
-        return self.backend, tuple(x.shape), x.dtype, x.device, self.activation == "relu" and not has_residual
+        return self.backend, tuple(x.shape), x.dtype, x.device, self._relu_only(has_residual)
 
     def _bind(self, x: torch.Tensor, has_residual: bool) -> "_Binding":
         """The binding for inputs like `x` (eager only): reused while the input's shape, dtype and
@@ -295,7 +298,8 @@ class SparseConv2d(nn.Module):
 class _Binding:
     """What forward needs for one input signature.
 
-    key: (backend, input shape, dtype, device, relu_only); spec: the 2-D layer; reason: why the backend cannot
+    key: (backend, input shape, dtype, device, relu_only); spec: the 2-D layer; reason: why the
+    backend cannot
     run it (None: it can); packed: the packed weight bound; call: the bound `KernelCall` (None
     for the dense fallback and empty batches); output_shape: forward's (N, K, P, Q) or (N, K, L_out).
     """

@@ -17,8 +17,9 @@ elements. Accumulation is float32; output dtype = input dtype.
 
 Layouts. The launcher writes the padded (C, Hp, Wp, N) input in one pass from any layout
 (`_pack_batch_inner_kernel`: a tiled transpose; torch's permuted copy took 1.0-6.6x as long,
-median 1.5x, on 11 ResNet-50 inputs on the H100, though in two different runs), or uses the batch-innermost view `(N, C, H, W)` with strides (1, H*W*N, W*N, N), which
-this kernel can write, as it is when there is no padding. The output is (N, K, P, Q), either
+median 1.5x, on 11 ResNet-50 inputs on the H100, though in two different runs), or, when there
+is no padding, uses as it is the batch-innermost view `(N, C, H, W)` with strides
+(1, H*W*N, W*N, N), which this kernel can write. The output is (N, K, P, Q), either
 contiguous NCHW or that batch-innermost view (`DirectConfig.out_layout`), which a following batch
 layer packs with coalesced reads, or reads as it is; the residual is read in the output's layout.
 Grid: 1-D, channels fastest (programs that run together read the same input tile from L2), then
@@ -31,7 +32,9 @@ together) raised the L1 hit rate to 69% but made the kernel L1-throughput bound:
 128 us on that layer under Nsight Compute; in the layer benchmark (launch overhead included,
 `benchmarks/results/2026-11-22-h100-s7-direct-batch.jsonl`) within 2% on three of six layers and
 8-18% slower on the others. Loading a chunk's weights and offsets as two vectors instead of CHUNK
-scalars was never faster (0-4% slower per config, `...-s7-vector-chunk-loads.jsonl`).
+scalars was never faster (0-4% slower per config, `...-s7-vector-chunk-loads.jsonl`). A persistent
+grid whose programs on one SM share pixel tiles (per-SM queues via %smid) ran at 0.53-1.10x this
+grid's speed on 11 layers (`benchmarks/experiments/2026-11-22-s8-sm-affine-schedule.md`).
 """
 from __future__ import annotations
 

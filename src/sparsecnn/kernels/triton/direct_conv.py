@@ -346,7 +346,7 @@ def _auto(config: DirectConfig) -> bool:
     if config.variant == "batch":  # 128-256 lanes won all 22 layer x layout cases (see _batch_configs)
         return 128 <= config.block_pix * config.sub_batch <= 256
     if config.variant == "chunk":  # 128 pixels x 2 images x 16 won 7 of 748 direct layers before "batch" existed
-        return config.block_pix <= 128 and not (config.block_pix == 128 and config.sub_batch == 2 and config.chunk == 16)
+        return config.block_pix < 128 or (config.block_pix == 128 and (config.sub_batch, config.chunk) != (2, 16))
     return False  # "csr" won 1 of 199 layers once "batch" existed; "ell" never won
 
 
