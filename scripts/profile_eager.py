@@ -1,0 +1,70 @@
+"""Where a sparsified model's eager calls spend CPU time (the launch cost CUDA graphs hide).
+
+Tunes the model as `sparsecnn bench model` does, then times eager calls two ways: wall time per
+call with the GPU kept busy (what `bench model --modes eager` sees) and CPU time per call to issue
+the work (perf_counter around calls that are not synchronised; the GPU queue is deep enough for
+one call). Then cProfile over the calls: the top functions by own time and by cumulative time.
+Usage: python scripts/profile_eager.py resnet50 --pattern dlmc-magnitude_pruning [--calls 50]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+from sparsecnn.bench.models import _input, _pruned_model, _variant
+
+
+def _cpu_ms_per_call(model: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
+    issued = 0.0
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model(x)
+        issued += time.perf_counter() - start
+    torch.cuda.synchronize()
+    return 1e3 * issued / calls
+
+
+def _wall_ms_per_call(model: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        model(x)
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - start) / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--dtype", default="fp32")
+    parser.add_argument("--sparsity", type=float, default=0.9)
+    parser.add_argument("--pattern", default="random")
+    parser.add_argument("--calls", type=int, default=50)
+    args = parser.parse_args()
+    model, _, _ = _pruned_model(args.model, args.sparsity, args.pattern, 0, None)
+    x = _input(args.model, args.batch, 0, torch.device("cuda"), args.dtype)
+    sparse, x, _ = _variant(model.to("cuda"), x, args.dtype, "auto", None)
+    with torch.no_grad():
+        for _ in range(5):
+            sparse(x)
+        print(f"eager wall {_wall_ms_per_call(sparse, x, args.calls):.3f} ms/call, "
+              f"CPU issue {_cpu_ms_per_call(sparse, x, args.calls):.3f} ms/call", flush=True)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.calls):
+            sparse(x)
+        profiler.disable()
+        torch.cuda.synchronize()
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(45)
+
+
+if __name__ == "__main__":
+    main()
