@@ -40,7 +40,7 @@ def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: boo
         config = kernels.default_config(spec, dtype, kernels.variant_of(packed))
     kernels.check_weight_variant(packed, config)
     return KernelCall(torch.ops.sparsecnn.direct_conv2d.default, kernels.weight_arrays(packed, *padded_hw(spec)),
-                      op_static_args(packed, spec, config), eager=ops.direct_conv2d_eager)
+                      op_static_args(packed, spec, config), eager=kernels.BoundDirectCall(ops.direct_conv2d_eager))
 
 
 DIRECT = register_triton_backend(

@@ -160,7 +160,7 @@ class SparseConv2d(nn.Module):
 
     def _packing_key(self) -> Tuple:
         return (self.backend, self.weight.device, self.weight.dtype, self.weight._version, self.mask._version,
-                str(self.config))
+                self.config)
 
     def _packed_weight(self, backend):
         """The weight in the backend's format, repacked when the weight, mask, config or device changed."""

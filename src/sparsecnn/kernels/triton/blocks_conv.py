@@ -48,7 +48,6 @@ int32: the launcher splits a batch whose input or output would overflow them int
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
@@ -62,8 +61,9 @@ from ...formats import expand_offsets
 from ...formats.blocks import BlockDecomposition, BlockParams, extract_blocks
 from ...layers import ConvSpec
 from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
-                       int_pair, launch_spec, pow2_at_least, stride_padding)
+                       current_device, int_pair, launch_spec, pow2_at_least, stride_padding)
 from .epilogue import store_epilogue
+from .launch import launch
 
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -553,7 +553,7 @@ def blocks_conv2d_arrays(x: torch.Tensor, arrays: BlocksArrays, kernel_shape: Tu
         residual = None if residual is None else residual.contiguous()
         # int32 offsets in the kernel: launch per chunk of images whose input and output fit.
         chunk = max(1, min(_INT32_MAX // (c * hp * wp), _INT32_MAX // (k * spec.P * spec.Q)))
-        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # Triton uses the current device
+        with current_device(x):
             for first in range(0, n, chunk):
                 images = slice(first, first + chunk)
                 _launch(xp[images], arrays, bias, None if residual is None else residual[images], out[images],
@@ -568,9 +568,10 @@ def _launch(xp: torch.Tensor, arrays: BlocksArrays, bias: Optional[torch.Tensor]
     pq = spec.P * spec.Q
     num_tiles = arrays[1].numel() - 1
     grid = (num_tiles * triton.cdiv(n * pq, config.block_n),)
-    _blocks_conv_kernel[grid](
-        xp, *arrays, out if bias is None else bias, out if residual is None else residual, out,
-        n * pq, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq, num_tiles,
+    launch(
+        _blocks_conv_kernel, grid,
+        (xp, *arrays, out if bias is None else bias, out if residual is None else residual, out,
+         n * pq, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq, num_tiles),
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu,
         FP32_DOT=xp.dtype == torch.float32, PRECISION=config.precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_kred,

@@ -44,6 +44,7 @@ import triton.language as tl
 import torch
 
 from .epilogue import store_epilogue
+from .launch import launch
 from .tiles import channel_pixel_tile
 
 
@@ -127,8 +128,8 @@ def padded_batch_inner(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
     if padded.numel():
         block_w, block_n = 32, min(32, triton.next_power_of_2(n))
         grid = (c * hp, triton.cdiv(wp, block_w), triton.cdiv(n, block_n))
-        _pack_batch_inner_kernel[grid](x, padded, n, h, w, hp, wp, pad_h, pad_w, *x.stride(),
-                                       BLOCK_W=block_w, BLOCK_N=block_n, num_warps=4)
+        launch(_pack_batch_inner_kernel, grid, (x, padded, n, h, w, hp, wp, pad_h, pad_w, *x.stride()),
+               BLOCK_W=block_w, BLOCK_N=block_n, num_warps=4)
     return padded
 
 
@@ -145,10 +146,10 @@ def launch_batch(xp: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, 
     pq = p * q
     stride_n, stride_k, _, stride_pix = out.stride()
     grid = (k * triton.cdiv(pq, block_pix) * (n // block_n),)
-    _direct_batch_kernel[grid](
-        xp, values, offsets, row_ptr, bias if bias is not None else out,
-        residual if residual is not None else out, out,
-        n, k, pq, q, stride[0] * wp, stride[1], stride_n, stride_k, stride_pix,
+    launch(
+        _direct_batch_kernel, grid,
+        (xp, values, offsets, row_ptr, bias if bias is not None else out, residual if residual is not None else out,
+         out, n, k, pq, q, stride[0] * wp, stride[1], stride_n, stride_k, stride_pix),
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu,
         BLOCK_PIX=block_pix, BLOCK_N=block_n, CHUNK=chunk, num_warps=num_warps, num_stages=1,
     )

@@ -36,9 +36,9 @@ an image are int32 (the launcher checks C*Hp*Wp and K*P*Q fit); image base offse
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import List, Optional, Tuple, Union
+import json
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +48,10 @@ import triton.language as tl
 from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
 from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
-                       launch_spec, pow2_at_least, stride_padding)
+                       current_device, launch_spec, pow2_at_least, stride_padding)
 from .direct_batch import batch_inner_view, is_batch_inner, launch_batch, padded_batch_inner
 from .epilogue import store_epilogue
+from .launch import launch
 from .tiles import channel_pixel_tile
 
 DirectWeight = Union[ChunkedCSRWeight, UniformELLWeight, OffsetCSRWeight]
@@ -504,30 +505,42 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
     padded size; the offsets must be for exactly H + 2 pad_h x W + 2 pad_w): the launcher the
     torch.library op `sparsecnn::direct_conv2d` binds. kernel_shape: the weight's (K, C, R, S).
     """
+    spec = _checked_spec(x, (values, offsets, row_ptr, row_order), kernel_shape, stride, padding, config)
+    _check_bias(bias, spec.K, x)
+    check_residual(residual, spec.output_shape, x)
+    if out is None:
+        out = new_output(spec.output_shape, x, config)
+    else:
+        _check_out(out, spec.output_shape, x, config.variant)
+    return _run(x, (values, offsets, row_ptr, row_order), bias, residual, out, spec, config, relu)
+
+
+def _checked_spec(x: torch.Tensor, arrays: WeightArrays, kernel_shape, stride, padding,
+                  config: DirectConfig) -> ConvSpec:
+    """The layer's `ConvSpec` once x, the packed arrays and the geometry are checked."""
     (sh, sw), (ph, pw) = stride_padding(stride, padding)
     check_triton_input(x, "direct", _DTYPES)
-    check_kernel_shape(kernel_shape)
-    kernel_k, kernel_c, kernel_r, kernel_s = kernel_shape
-    n, c, h, w = x.shape
-    if c != kernel_c:
-        raise ValueError(f"x has {c} channels, the weight expects {kernel_c}")
+    kernel_k, kernel_c, _, _ = check_kernel_shape(kernel_shape)
+    if x.shape[1] != kernel_c:
+        raise ValueError(f"x has {x.shape[1]} channels, the weight expects {kernel_c}")
     spec = launch_spec(tuple(x.shape), tuple(kernel_shape), (sh, sw), (ph, pw))
-    _check_arrays(x, values, offsets, row_ptr, row_order, kernel_k, config)
-    _check_bias(bias, kernel_k, x)
-    check_residual(residual, spec.output_shape, x)
+    _check_arrays(x, *arrays, kernel_k, config)
     if kernel_k * spec.P * spec.Q > _INT32_MAX:
         raise ValueError(f"one output image of {kernel_k}x{spec.P}x{spec.Q} exceeds int32 offsets")
     if config.variant == "batch":
         _check_batch_variant(spec, config)
-    shape = spec.output_shape
-    if out is None:
-        out = new_output(shape, x, config)
-    else:
-        _check_out(out, shape, x, config.variant)
-    if n == 0:
+    return spec
+
+
+def _run(x: torch.Tensor, arrays: WeightArrays, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+         out: torch.Tensor, spec: ConvSpec, config: DirectConfig, relu: bool) -> torch.Tensor:
+    """Launch on checked operands, writing `out`; returns it."""
+    if spec.N == 0:
         return out
     bias = None if bias is None else bias.contiguous()
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # Triton uses the current device
+    values, offsets, row_ptr, row_order = arrays
+    ph, pw = spec.padding
+    with current_device(x):
         if config.variant == "batch":
             if residual is not None and residual.stride() != out.stride():
                 residual = torch.empty_like(out).copy_(residual)  # the epilogue reads it at out's offsets
@@ -536,9 +549,38 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
                          config.num_warps)
         else:
             epilogue = (bias, None if residual is None else residual.contiguous())
-            _launch(_padded_nchw(x, ph, pw), (values, offsets, row_ptr, row_order), epilogue, out, spec, config,
-                    relu)
+            _launch(_padded_nchw(x, ph, pw), arrays, epilogue, out, spec, config, relu)
     return out
+
+
+class BoundDirectCall:
+    """The eager implementation of the op `sparsecnn::direct_conv2d` for one bound layer.
+
+    Its first call, and any call whose input shape, dtype or device, packed arrays or static
+    arguments differ from the previous one, runs `checked` (the op's checked implementation);
+    later calls check only x's key, bias and residual, then launch. The checks of every argument
+    cost ~40 us of Python per eager call of a layer (H100, `scripts/profile_eager.py`).
+    """
+
+    def __init__(self, checked: Callable[..., torch.Tensor]):
+        self._checked = checked
+        self._plan = None
+
+    def __call__(self, x: torch.Tensor, values, offsets, row_ptr, row_order, bias, residual, kernel_shape,
+                 padded_hw, stride, padding, config_json: str, relu: bool) -> torch.Tensor:
+        arrays = (values, offsets, row_ptr, row_order)
+        static = (kernel_shape, padded_hw, stride, padding, config_json)
+        plan = self._plan
+        if (plan is None or plan[0] != (x.shape, x.dtype, x.device) or plan[2] != static
+                or any(a is not b for a, b in zip(arrays, plan[1]))):
+            out = self._checked(x, *arrays, bias, residual, *static, relu)
+            spec = launch_spec(tuple(x.shape), tuple(kernel_shape), tuple(stride), tuple(padding))
+            self._plan = ((x.shape, x.dtype, x.device), arrays, static, spec, DirectConfig.from_dict(json.loads(config_json)))
+            return out
+        spec, config = plan[3], plan[4]
+        _check_bias(bias, spec.K, x)
+        check_residual(residual, spec.output_shape, x)
+        return _run(x, arrays, bias, residual, new_output(spec.output_shape, x, config), spec, config, relu)
 
 
 def _launch(xp: torch.Tensor, arrays: WeightArrays, epilogue: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]],
@@ -557,9 +599,9 @@ def _launch(xp: torch.Tensor, arrays: WeightArrays, epilogue: Tuple[Optional[tor
     geometry = (n, spec.K, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq)
     if config.variant == "chunk":
         grid = (spec.K * triton.cdiv(pq, config.block_pix) * triton.cdiv(n, config.sub_batch),)
-        _direct_chunk_kernel[grid](
-            xp, _nonempty(values), _nonempty(offsets), row_ptr, *operands, *geometry, **flags,
-            BLOCK_PIX=config.block_pix, SUB_BATCH=config.sub_batch, CHUNK=config.chunk,
+        launch(
+            _direct_chunk_kernel, grid, (xp, _nonempty(values), _nonempty(offsets), row_ptr, *operands, *geometry),
+            **flags, BLOCK_PIX=config.block_pix, SUB_BATCH=config.sub_batch, CHUNK=config.chunk,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
         return
@@ -571,8 +613,9 @@ def _launch(xp: torch.Tensor, arrays: WeightArrays, epilogue: Tuple[Optional[tor
         ell = (values.shape[1], values.stride(0), values.stride(1))
     grid = (triton.cdiv(spec.K, config.block_k) * triton.cdiv(pq, config.block_pix)
             * triton.cdiv(n, config.sub_batch),)
-    _direct_conv_kernel[grid](
-        xp, _nonempty(values), _nonempty(offsets), row_ptr, row_order, *operands, *geometry, *ell,
+    launch(
+        _direct_conv_kernel, grid,
+        (xp, _nonempty(values), _nonempty(offsets), row_ptr, row_order, *operands, *geometry, *ell),
         CSR=csr, EVEN_K=spec.K % config.block_k == 0, **flags,
         BLOCK_PIX=config.block_pix, BLOCK_K=config.block_k, SUB_BATCH=config.sub_batch,
         num_warps=config.num_warps, num_stages=config.num_stages,
