@@ -87,8 +87,8 @@ def _poisoned_cache(nbytes: int) -> None:
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_compiled_launches_match_the_reference_for_aligned_and_misaligned_inputs(variant):
-    from sparsecnn.kernels.triton import launch
+def test_compiled_launches_match_the_reference_for_aligned_and_misaligned_inputs(variant, monkeypatch):
+    from triton.runtime.jit import JITFunction
 
     spec, weight, bias, call = _layer(variant, "cuda", ConvSpec(32, 3, 33, 13, 13, 3, 3, 1, 1))
 
@@ -96,10 +96,24 @@ def test_compiled_launches_match_the_reference_for_aligned_and_misaligned_inputs
         numel = torch.Size(shape).numel()
         return torch.randn(numel + 1, device="cuda")[offset:offset + numel].view(shape)
 
-    before = len(launch._COMPILED)
-    for offset in [0, 1, 0, 1]:
+    def run_and_check(offset):
         x, residual = views(spec.input_shape, offset), views(spec.output_shape, offset)
         _poisoned_cache(4 * 8 * torch.Size(spec.output_shape).numel())
         y = call(x, bias, residual, relu=True)
         assert relative_error(y, _expected(x, weight, bias, residual, spec)) < 1e-6, offset
-    assert len(launch._COMPILED) > before  # the later calls launched the compiled kernels directly
+
+    for offset in [0, 1]:  # Triton's own launches compile and fill the cache
+        run_and_check(offset)
+
+    def no_jit_launch(*args, **kwargs):
+        raise AssertionError("launched through JITFunction.run: the compiled-kernel cache missed")
+
+    monkeypatch.setattr(JITFunction, "run", no_jit_launch)
+    for offset in [0, 1]:
+        run_and_check(offset)
+
+
+def test_no_launch_hook_by_default():
+    from sparsecnn.kernels.triton.launch import _hooked
+
+    assert not _hooked()

@@ -29,14 +29,21 @@ def _specialisation(kernel, args: Sequence[Any]) -> Tuple:
     """Per runtime argument, what Triton's compiled kernel depends on."""
     key = []
     for param, arg in zip(kernel.params, args):
-        if isinstance(arg, torch.Tensor):
-            key.append((arg.dtype, param.do_not_specialize_on_alignment or arg.data_ptr() % 16 == 0))
-        elif isinstance(arg, int) and not isinstance(arg, bool):
+        if type(arg) is int:
             wide = not _INT32_MIN <= arg <= _INT32_MAX
-            key.append((wide,) if param.do_not_specialize else (wide, arg == 1, arg % 16 == 0))
+            key.append(wide if param.do_not_specialize else (wide, arg == 1, arg % 16 == 0))
+        elif isinstance(arg, torch.Tensor):
+            key.append((arg.dtype, param.do_not_specialize_on_alignment or arg.data_ptr() % 16 == 0))
         else:
             key.append((type(arg), arg))
     return tuple(key)
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is set: Triton 3.6 holds them in a `HookChain` (empty: none), older
+    versions in a callable or None."""
+    hooks = knobs.runtime.launch_enter_hook
+    return hooks is not None and bool(getattr(hooks, "calls", True))
 
 
 def _constexpr_values(kernel, args: Sequence[Any], meta: Dict[str, Any]) -> Optional[Tuple]:
@@ -56,7 +63,7 @@ def launch(kernel, grid: Tuple[int, ...], args: Sequence[Any], **meta: Any) -> N
         return
     key = (kernel, tuple(meta.items()), _specialisation(kernel, args))
     cached = _COMPILED.get(key)
-    if cached is None or knobs.runtime.launch_enter_hook is not None:
+    if cached is None or _hooked():
         compiled = kernel[grid](*args, **meta)
         constexprs = _constexpr_values(kernel, args, meta)
         if constexprs is not None and hasattr(compiled, "packed_metadata"):
