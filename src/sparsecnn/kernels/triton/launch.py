@@ -5,7 +5,7 @@ took 6.7 ms of CPU time per call to issue 5.3 ms of GPU work, about 125 us per c
 (`benchmarks/results/2026-11-22-h100-s9-eager-profile-f4fbb42.txt`), and Triton's
 `JITFunction.run` (binding and specialising every argument, hashing the cache key, checking
 globals) was about a third of it. Here the compiled kernel is found by a key computed from what
-Triton specialises on, then launched through `CompiledKernel[grid]`.
+Triton specialises on, then launched through the compiled kernel's launcher (`CompiledKernel.run`).
 
 What Triton 3.x specialises on: each tensor's dtype and 16-byte alignment; each int's width (i32 or
 i64) and, unless the parameter is in `do_not_specialize`, whether it is 1 or a multiple of 16; the
@@ -22,6 +22,7 @@ import torch
 from triton import knobs
 
 _COMPILED: Dict[Tuple, Tuple[Any, Tuple]] = {}
+_current_stream = torch._C._cuda_getCurrentRawStream if hasattr(torch._C, "_cuda_getCurrentRawStream") else None
 _INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
 
 
@@ -70,4 +71,9 @@ def launch(kernel, grid: Tuple[int, ...], args: Sequence[Any], **meta: Any) -> N
             _COMPILED[key] = (compiled, constexprs)
         return
     compiled, constexprs = cached
-    compiled[(*grid, 1, 1)[:3] if len(grid) < 3 else grid](*args, *constexprs)
+    grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
+    stream = _current_stream(torch.cuda.current_device())
+    # No launch metadata and no hooks: _hooked() said none is set (CompiledKernel[grid] would build
+    # the metadata dict anyway).
+    compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                 *args, *constexprs)
