@@ -1,9 +1,11 @@
 """Where a sparsified model's eager calls spend CPU time (the launch cost CUDA graphs hide).
 
 Tunes the model as `sparsecnn bench model` does, then times eager calls two ways: wall time per
-call with the GPU kept busy (what `bench model --modes eager` sees) and CPU time per call to issue
+call over back-to-back calls (`bench model --modes eager` times each call after an L2 flush, which
+lets the CPU run ahead and hides part of its cost) and CPU time per call to issue
 the work (perf_counter around calls that are not synchronised; the GPU queue is deep enough for
-one call). Then cProfile over the calls: the top functions by own time and by cumulative time.
+one call), alternately with Triton's own launches and `kernels/triton/launch.py`'s. Then cProfile
+over the calls: the top functions by own time and by cumulative time.
 Usage: python scripts/profile_eager.py resnet50 --pattern dlmc-magnitude_pruning [--calls 50]
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 import torch
 
 from sparsecnn.bench.models import _input, _pruned_model, _variant
+from sparsecnn.kernels.triton import launch
 
 
 def _cpu_ms_per_call(model: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
@@ -53,8 +56,11 @@ def main() -> None:
     with torch.no_grad():
         for _ in range(5):
             sparse(x)
-        print(f"eager wall {_wall_ms_per_call(sparse, x, args.calls):.3f} ms/call, "
-              f"CPU issue {_cpu_ms_per_call(sparse, x, args.calls):.3f} ms/call", flush=True)
+        for enabled in (False, True, False, True):  # the same process: Triton's launches vs ours
+            launch.ENABLED = enabled
+            wall, issue = _wall_ms_per_call(sparse, x, args.calls), _cpu_ms_per_call(sparse, x, args.calls)
+            print(f"fast launches {'on ' if enabled else 'off'}: eager wall {wall:.3f} ms/call, "
+                  f"CPU issue {issue:.3f} ms/call", flush=True)
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(args.calls):

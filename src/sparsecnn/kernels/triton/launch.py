@@ -12,15 +12,18 @@ i64) and, unless the parameter is in `do_not_specialize`, whether it is 1 or a m
 constexprs and launch options. The key holds all of these, so a launch never reuses a kernel
 compiled for another specialisation (the key may split more finely than Triton does, never less).
 The first launch of each key, launches while a launch hook is set (profilers) and the interpreter
-(TRITON_INTERPRET=1: no compiled kernels) take Triton's own path.
+(TRITON_INTERPRET=1: no compiled kernels) take Triton's own path, as every launch does when the
+environment sets SPARSECNN_FAST_LAUNCH=0 before import (`ENABLED`).
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from triton import knobs
 
+ENABLED = os.environ.get("SPARSECNN_FAST_LAUNCH", "1").strip() != "0"
 _COMPILED: Dict[Tuple, Tuple[Any, Tuple]] = {}
 _current_stream = torch._C._cuda_getCurrentRawStream if hasattr(torch._C, "_cuda_getCurrentRawStream") else None
 _INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
@@ -59,7 +62,7 @@ def _constexpr_values(kernel, args: Sequence[Any], meta: Dict[str, Any]) -> Opti
 def launch(kernel, grid: Tuple[int, ...], args: Sequence[Any], **meta: Any) -> None:
     """`kernel[grid](*args, **meta)`: args are the kernel's leading runtime parameters in order
     (tensors, ints), meta its constexprs by name and the launch options (num_warps, num_stages)."""
-    if not hasattr(kernel, "params"):  # the interpreter's kernels
+    if not ENABLED or not hasattr(kernel, "params"):  # off, or the interpreter's kernels
         kernel[grid](*args, **meta)
         return
     key = (kernel, tuple(meta.items()), _specialisation(kernel, args))
