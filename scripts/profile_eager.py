@@ -10,14 +10,13 @@ Usage: python scripts/profile_eager.py resnet50 --pattern dlmc-magnitude_pruning
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 import time
 
 import torch
 
-from sparsecnn.bench.models import _input, _pruned_model, _variant
+from profile_model_kernels import model_parser, tuned_model  # this folder is on sys.path
 from sparsecnn.kernels.triton import launch
 
 
@@ -42,17 +41,10 @@ def _wall_ms_per_call(model: torch.nn.Module, x: torch.Tensor, calls: int) -> fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--dtype", default="fp32")
-    parser.add_argument("--sparsity", type=float, default=0.9)
-    parser.add_argument("--pattern", default="random")
+    parser = model_parser(__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
-    model, _, _ = _pruned_model(args.model, args.sparsity, args.pattern, 0, None)
-    x = _input(args.model, args.batch, 0, torch.device("cuda"), args.dtype)
-    sparse, x, _ = _variant(model.to("cuda"), x, args.dtype, "auto", None)
+    sparse, x, _, _, _ = tuned_model(args, torch.device("cuda"))
     with torch.no_grad():
         for _ in range(5):
             sparse(x)

@@ -37,20 +37,32 @@ def _annotate(model: torch.nn.Module) -> None:
             module.register_forward_hook(post)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def model_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of the profiling scripts that say which model is pruned and tuned, and how."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("model")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--pattern", default="random")
+    return parser
+
+
+def tuned_model(args: argparse.Namespace, device: torch.device):
+    """(sparsified model, its input, pattern label, sparsity, config row), tuned as `bench model` does."""
+    model, label, sparsity = _pruned_model(args.model, args.sparsity, args.pattern, 0, None)
+    x = _input(args.model, args.batch, 0, device, args.dtype)
+    sparse, x, config = _variant(model.to(device), x, args.dtype, "auto", None)
+    return sparse, x, label, sparsity, config
+
+
+def main() -> None:
+    parser = model_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda", help="cpu only to try the script (TRITON_INTERPRET=1)")
     args = parser.parse_args()
-    model, label, sparsity = _pruned_model(args.model, args.sparsity, args.pattern, 0, None)
     device = torch.device(args.device)
-    x = _input(args.model, args.batch, 0, device, args.dtype)
-    sparse, x, config = _variant(model.to(device), x, args.dtype, "auto", None)
+    sparse, x, label, sparsity, config = tuned_model(args, device)
     _annotate(sparse)
     with torch.no_grad():
         for _ in range(3):
