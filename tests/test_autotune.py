@@ -337,6 +337,29 @@ def test_the_whole_model_is_never_slower_than_dense(tmp_path, caplog, model_ms, 
     assert ("every tuned layer now runs dense" in caplog.text) == (kept == "dense")
 
 
+@pytest.mark.parametrize("eager_ms, warned", [((2.0, 3.0), False), ((6.0, 3.0), True)])
+def test_the_model_check_warns_when_the_tuned_model_is_slower_in_eager_mode(tmp_path, caplog, monkeypatch,
+                                                                             eager_ms, warned):
+    import sparsecnn.nn.sparsify as sparsify_module
+
+    times = iter(eager_ms)  # tuned, then dense: as if measured on CUDA
+    monkeypatch.setattr(sparsify_module, "_eager_ms", lambda run, device_type: next(times))
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    timer = FakeTimer(measure_ms={"dense": 2.0, "im2col-cublas": 1.0, "im2col-cusparse": 3.0,
+                                  "model:tuned": 3.0, "model:dense": 4.0})
+    check = autotune_model(model, x, cache_dir=tmp_path, timer=timer, progress=False).model_check
+    assert check.kept == "tuned" and (check.tuned_eager_ms, check.dense_eager_ms) == eager_ms
+    assert check.slower_in_eager == warned
+    assert ("in eager mode the tuned model" in caplog.text) == warned
+    assert ("slower in eager mode" in check.format()) == warned
+
+
+def test_eager_timing_of_the_model_check_is_cuda_only():
+    from sparsecnn.nn.sparsify import _eager_ms
+
+    assert _eager_ms(lambda: None, "cpu") is None
+
+
 def test_autotune_model_says_why_it_retunes(tmp_path, monkeypatch, caplog):
     import sparsecnn.nn.sparsify as sparsify_module
 

@@ -50,18 +50,33 @@ def format_worker_jobs(worker_jobs: Dict[str, Dict[str, float]]) -> List[str]:
 @dataclasses.dataclass
 class ModelCheck:
     """The whole model timed twice after tuning (median ms, GPU work only on CUDA): with the tuned
-    layers and with every tuned layer on `dense_backend`; `kept`: "tuned" or "dense", the faster."""
+    layers and with every tuned layer on `dense_backend`; `kept`: "tuned" or "dense", the faster.
+    On CUDA also in eager mode (`tuned_eager_ms`, `dense_eager_ms`: wall ms per call of back-to-back
+    calls, the CPU's launch costs included, which CUDA graphs hide; None elsewhere)."""
 
     tuned_ms: float
     dense_ms: float
     dense_backend: str
     kept: str
+    tuned_eager_ms: Optional[float] = None
+    dense_eager_ms: Optional[float] = None
+
+    @property
+    def slower_in_eager(self) -> bool:
+        """Whether the kept tuned layers make eager calls slower than dense ones (launch-bound)."""
+        return (self.kept == "tuned" and self.tuned_eager_ms is not None and self.dense_eager_ms is not None
+                and self.tuned_eager_ms > self.dense_eager_ms)
 
     def format(self) -> str:
         verdict = ("kept the tuned layers" if self.kept == "tuned"
                    else f"every tuned layer now runs {self.dense_backend}")
-        return (f"whole model: {self.tuned_ms:.4f} ms tuned, {self.dense_ms:.4f} ms with every layer on "
+        text = (f"whole model: {self.tuned_ms:.4f} ms tuned, {self.dense_ms:.4f} ms with every layer on "
                 f"{self.dense_backend}: {verdict}")
+        if self.tuned_eager_ms is not None and self.dense_eager_ms is not None:
+            text += f"; eager calls {self.tuned_eager_ms:.4f} ms tuned, {self.dense_eager_ms:.4f} ms dense"
+        if self.slower_in_eager:
+            text += " (slower in eager mode: run the model under CUDA graphs or torch.compile)"
+        return text
 
 
 @dataclasses.dataclass

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import sys
+import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -203,20 +204,44 @@ def _check_against_dense(model: nn.Module, inputs: tuple, tuned: Dict[str, Spars
     Per-layer choices are timed one layer at a time with L2 flushed, so they can add up to a model
     slower than dense: the NCHW sparse kernels and the NHWC dense ones convert between layouts, and
     dense layers profit more from activations left in L2 by the previous layer. This check makes
-    the tuned model never slower than the same model run densely, as measured."""
+    the tuned model never slower than the same model run densely, as measured. On CUDA both are also
+    timed in eager mode, where launches can make a tuned model slower (small batches): a warning says so."""
     dense = _dense_backend(policy, device_type)
     chosen = {name: layer._backend_state() for name, layer in tuned.items()}
-    tuned_ms = timer.measure(Candidate("model:tuned"), lambda: model(*inputs))
+
+    def run():
+        return model(*inputs)
+
+    tuned_ms, tuned_eager_ms = timer.measure(Candidate("model:tuned"), run), _eager_ms(run, device_type)
     for layer in tuned.values():
         layer._set_backend(dense, None)
-    dense_ms = timer.measure(Candidate(f"model:{dense}"), lambda: model(*inputs))
-    if tuned_ms <= dense_ms:
-        for name, state in chosen.items():
-            tuned[name]._restore_backend(state)
-        return ModelCheck(tuned_ms, dense_ms, dense, "tuned")
-    _LOG.warning("the tuned model took %.4g ms, %s on every layer %.4g ms: every tuned layer now runs %s",
-                 tuned_ms, dense, dense_ms, dense)
-    return ModelCheck(tuned_ms, dense_ms, dense, "dense")
+    dense_ms, dense_eager_ms = timer.measure(Candidate(f"model:{dense}"), run), _eager_ms(run, device_type)
+    if tuned_ms > dense_ms:
+        _LOG.warning("the tuned model took %.4g ms, %s on every layer %.4g ms: every tuned layer now runs %s",
+                     tuned_ms, dense, dense_ms, dense)
+        return ModelCheck(tuned_ms, dense_ms, dense, "dense", tuned_eager_ms, dense_eager_ms)
+    for name, state in chosen.items():
+        tuned[name]._restore_backend(state)
+    check = ModelCheck(tuned_ms, dense_ms, dense, "tuned", tuned_eager_ms, dense_eager_ms)
+    if check.slower_in_eager:
+        _LOG.warning("in eager mode the tuned model takes %.4g ms per call, %s on every layer %.4g ms: its "
+                     "kernel launches are CPU-bound; run it under CUDA graphs or torch.compile "
+                     "(GPU work %.4g ms against %.4g ms)", tuned_eager_ms, dense, dense_eager_ms, tuned_ms, dense_ms)
+    return check
+
+
+def _eager_ms(run: Callable[[], object], device_type: str, calls: int = 10) -> Optional[float]:
+    """Wall ms per call of `calls` back-to-back eager calls after one more (CUDA only, else None):
+    unlike the GPU-time medians, this includes the CPU cost of issuing the work."""
+    if device_type != "cuda":
+        return None
+    run()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - start) / calls
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):
