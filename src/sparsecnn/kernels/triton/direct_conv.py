@@ -553,34 +553,50 @@ def _run(x: torch.Tensor, arrays: WeightArrays, bias: Optional[torch.Tensor], re
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a `BoundDirectCall` checked: the input's (shape, dtype, device), the packed arrays, the
+    op's static arguments, and what they give (the layer's spec and config)."""
+
+    x_key: Tuple
+    arrays: WeightArrays
+    static: Tuple
+    spec: ConvSpec
+    config: DirectConfig
+
+    def matches(self, x: torch.Tensor, arrays: WeightArrays, static: Tuple) -> bool:
+        return ((x.shape, x.dtype, x.device) == self.x_key and static == self.static
+                and all(a is b for a, b in zip(arrays, self.arrays)))
+
+
 class BoundDirectCall:
     """The eager implementation of the op `sparsecnn::direct_conv2d` for one bound layer.
 
     Its first call, and any call whose input shape, dtype or device, packed arrays or static
-    arguments differ from the previous one, runs `checked` (the op's checked implementation);
-    later calls check only x's key, bias and residual, then launch. The checks of every argument
-    cost ~40 us of Python per eager call of a layer (H100, `scripts/profile_eager.py`).
+    arguments differ from the checked ones, runs `checked` (the op's checked implementation);
+    other calls check only those, the bias and the residual, then launch: checking every argument
+    was a large share of an eager call's Python (H100, `scripts/profile_eager.py`).
     """
 
     def __init__(self, checked: Callable[..., torch.Tensor]):
         self._checked = checked
-        self._plan = None
+        self._plan: Optional[_Plan] = None
 
     def __call__(self, x: torch.Tensor, values, offsets, row_ptr, row_order, bias, residual, kernel_shape,
                  padded_hw, stride, padding, config_json: str, relu: bool) -> torch.Tensor:
         arrays = (values, offsets, row_ptr, row_order)
         static = (kernel_shape, padded_hw, stride, padding, config_json)
         plan = self._plan
-        if (plan is None or plan[0] != (x.shape, x.dtype, x.device) or plan[2] != static
-                or any(a is not b for a, b in zip(arrays, plan[1]))):
+        if plan is None or not plan.matches(x, arrays, static):
             out = self._checked(x, *arrays, bias, residual, *static, relu)
             spec = launch_spec(tuple(x.shape), tuple(kernel_shape), tuple(stride), tuple(padding))
-            self._plan = ((x.shape, x.dtype, x.device), arrays, static, spec, DirectConfig.from_dict(json.loads(config_json)))
+            config = DirectConfig.from_dict(json.loads(config_json))
+            self._plan = _Plan((x.shape, x.dtype, x.device), arrays, static, spec, config)
             return out
-        spec, config = plan[3], plan[4]
-        _check_bias(bias, spec.K, x)
-        check_residual(residual, spec.output_shape, x)
-        return _run(x, arrays, bias, residual, new_output(spec.output_shape, x, config), spec, config, relu)
+        _check_bias(bias, plan.spec.K, x)
+        check_residual(residual, plan.spec.output_shape, x)
+        out = new_output(plan.spec.output_shape, x, plan.config)
+        return _run(x, arrays, bias, residual, out, plan.spec, plan.config, relu)
 
 
 def _launch(xp: torch.Tensor, arrays: WeightArrays, epilogue: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]],

@@ -62,7 +62,7 @@ def _constexpr_values(kernel, args: Sequence[Any], meta: Dict[str, Any]) -> Opti
 def launch(kernel, grid: Tuple[int, ...], args: Sequence[Any], **meta: Any) -> None:
     """`kernel[grid](*args, **meta)`: args are the kernel's leading runtime parameters in order
     (tensors, ints), meta its constexprs by name and the launch options (num_warps, num_stages)."""
-    if not ENABLED or not hasattr(kernel, "params"):  # off, or the interpreter's kernels
+    if not ENABLED or _current_stream is None or not hasattr(kernel, "params"):  # off, no CUDA, or interpreted
         kernel[grid](*args, **meta)
         return
     key = (kernel, tuple(meta.items()), _specialisation(kernel, args))
