@@ -85,8 +85,8 @@ def launch_spec(x_shape: Tuple[int, int, int, int], kernel_shape: Tuple[int, int
 
 def current_device(x: torch.Tensor):
     """A context in which x's CUDA device is the current one (Triton launches on the current device):
-    a no-op when it already is or x is not on CUDA, since entering `torch.cuda.device` costs ~10 us
-    of an eager call's Python."""
+    a no-op when it already is or x is not on CUDA, since entering `torch.cuda.device` on every eager
+    call showed in the eager profile (H100, `scripts/profile_eager.py`)."""
     if not x.is_cuda or x.device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(x.device)
