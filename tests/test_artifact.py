@@ -193,6 +193,15 @@ def test_another_environment_retunes_and_says_why(tmp_path, change, reason):
     assert _equal_outputs(loaded, tuned, LENET_SHAPE)
 
 
+def test_the_run_mode_is_kept_and_a_retune_elsewhere_uses_it(tmp_path):
+    out, _ = _compile(tmp_path, run_mode="eager")
+    assert json.loads((out / MANIFEST).read_text())["run_mode"] == "eager"
+    _edit_manifest(out, lambda m: m["environment"].update(device="NVIDIA H100 80GB HBM3"))
+    with pytest.warns(UserWarning, match="re-tuning"):
+        loaded = load(out, cache_dir=tmp_path / "other-cache", timer=FixedTimer(), progress=False)
+    assert loaded.sparsecnn_report.run_mode == "eager"
+
+
 def _truncate(path):
     path.write_bytes(path.read_bytes()[:-100])
 

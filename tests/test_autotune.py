@@ -18,6 +18,8 @@ from sparsecnn import SparseConv2d, sparsify_
 from sparsecnn.autotune import (POLICIES, Candidate, LayerResult, PhaseClock, TuneCache, TuneReport, candidates_for,
                                 layer_key, pick_fastest, tune_layer)
 from sparsecnn.autotune.cache import CachedDecision
+from sparsecnn.autotune.select import EagerTimer
+from sparsecnn.autotune.timing import eager_wall_ms
 from sparsecnn.autotune.precision import uses_tf32
 from sparsecnn.kernels.reference import relative_error
 from sparsecnn.layers import ConvSpec
@@ -85,6 +87,7 @@ def test_cache_key_changes_with_each_component_but_not_with_weight_values():
         layer_key(spec, "fp32", weight, True, "relu", False, saved),
         layer_key(spec, "fp32", weight, True, "none", True, saved),
         layer_key(spec, "fp32", weight, True, "none", False, saved[:2]),
+        layer_key(spec, "fp32", weight, True, "none", False, saved, "eager"),
     ]
     assert all(variant != base for variant in variants)
     assert len({json.dumps(v, sort_keys=True) for v in variants}) == len(variants)
@@ -264,6 +267,7 @@ def test_policies_offer_only_the_precisions_they_allow(device_type):
     assert set(offered["fp32"]) < set(offered["tf32"])
     assert Candidate("dense-channels-last") in offered["fp16"]
     assert not any(c.backend == "dense-channels-last" for c in offered["fp32"])
+    assert all(Candidate("dense-fused") in offered[name] for name in ("fp32", "fp16"))
 
 
 def test_summary_table_lists_choice_time_speedup_and_share():
@@ -276,7 +280,7 @@ def test_summary_table_lists_choice_time_speedup_and_share():
     assert rows[0] == ["features.0", "1x3x8x8 -> 8, 3x3/1", "direct[cfg]", "0.3000", "0.6000", "2.00x", "75.0%",
                        "tuned"]
     assert rows[1] == ["features.3", "1x3x8x8 -> 8, 3x3/1", "dense", "0.1000", "0.1000", "1.00x", "25.0%", "hit"]
-    assert "convolutions (fp16): 0.4000 ms tuned, 0.7000 ms dense, 1.75x" in table
+    assert "convolutions (fp16, graph times): 0.4000 ms tuned, 0.7000 ms dense, 1.75x" in table
     assert "1.50e-03" in table and "aux.conv" in table and str(report) == table
 
 
@@ -358,6 +362,39 @@ def test_eager_timing_of_the_model_check_is_cuda_only():
     from sparsecnn.nn.sparsify import _eager_ms
 
     assert _eager_ms(lambda: None, "cpu") is None
+
+
+def test_eager_wall_time_counts_back_to_back_calls():
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.002)
+
+    assert eager_wall_ms(slow, "cpu", calls=4, repeats=3) >= 2.0
+    assert len(calls) == 1 + 4 * 3  # one untimed call, then three groups of four
+
+
+def test_run_mode_eager_times_eager_calls_and_keeps_its_own_decisions(tmp_path, monkeypatch):
+    import sparsecnn.nn.sparsify as sparsify_module
+
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    graph = autotune_model(copy.deepcopy(model), x, cache_dir=tmp_path, timer=FakeTimer(), progress=False)
+    timers = []
+    monkeypatch.setattr(sparsify_module, "EagerTimer", lambda device: timers.append(device) or FakeTimer())
+    eager = autotune_model(copy.deepcopy(model), x, cache_dir=tmp_path, progress=False, run_mode="eager")
+    assert timers == [torch.device("cpu")]  # the default timer of run_mode "eager"
+    assert graph.run_mode == "graph" and eager.run_mode == "eager" and "eager times" in eager.format()
+    assert [layer.cache for layer in eager.layers] == ["tuned", "tuned"]  # not graph mode's decisions
+    with pytest.raises(ValueError, match="run_mode must be one of"):
+        autotune_model(copy.deepcopy(model), x, cache_dir=tmp_path, timer=FakeTimer(), run_mode="fast")
+
+
+def test_eager_timer_measures_wall_time_of_back_to_back_calls():
+    calls = []
+    timer = EagerTimer(torch.device("cpu"), calls=5, repeats=2)
+    assert timer.measure(Candidate("dense"), lambda: calls.append(1)) >= 0 and len(calls) == 1 + 5 * 2
+    assert timer.probe(Candidate("dense"), lambda: calls.append(1)) >= 0 and len(calls) == 11 + 1 + 3
 
 
 def test_autotune_model_says_why_it_retunes(tmp_path, monkeypatch, caplog):

@@ -10,6 +10,7 @@ import gc
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from conftest import needs_interpreter, run_python, sparse_weight
@@ -125,6 +126,36 @@ def test_opcheck_im2col_csr(with_bias):
     x = inputs(TINY.input_shape)
     op, args = op_args("im2col-cusparse", None, x, torch.randn(TINY.K) if with_bias else None, None, False, TINY)
     torch.library.opcheck(op, args)
+
+
+def fused_args(channels_last, epilogue, spec=TINY, dtype=torch.float32, device="cpu"):
+    """Arguments of `sparsecnn::cudnn_fused_conv2d` for `spec` (bias, residual and ReLU iff `epilogue`)."""
+    weight = planted_weight(spec, device=device).to(dtype)
+    weight = weight.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    x = inputs(spec.input_shape, device=device, dtype=dtype)
+    bias, residual = (torch.randn(spec.K, device=device, dtype=dtype),
+                      inputs(spec.output_shape, 2, device=device, dtype=dtype)) if epilogue else (None, None)
+    return (x, weight, bias, residual, list(spec.stride), list(spec.padding), [1, 1], 1, channels_last, epilogue)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("epilogue", [False, True], ids=["plain", "bias-residual-relu"])
+def test_opcheck_cudnn_fused(channels_last, epilogue):
+    """On CPU the op runs F.conv2d and the epilogue; its fake output has the real one's strides."""
+    args = fused_args(channels_last, epilogue)
+    y = torch.ops.sparsecnn.cudnn_fused_conv2d(*args)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    assert y.is_contiguous(memory_format=layout)
+    x, weight, bias, residual = args[:4]
+    assert relative_error(y, expected(x, weight, bias, TINY, epilogue, residual)) < 1e-6
+    torch.library.opcheck(torch.ops.sparsecnn.cudnn_fused_conv2d.default, args)
+
+
+def test_cudnn_fused_op_refuses_a_bad_residual():
+    args = list(fused_args(False, True))
+    args[3] = args[3][:, :-1]
+    with pytest.raises(ValueError, match="output's shape"):
+        torch.ops.sparsecnn.cudnn_fused_conv2d(*args)
 
 
 @needs_interpreter
@@ -330,7 +361,7 @@ def test_compile_explain_finds_one_graph_and_binds_unprepared_layers_outside_it(
 
 # --- GPU -------------------------------------------------------------------------------------------
 
-GPU_BACKENDS = ["dense", "direct", "blocks", "codegen"]
+GPU_BACKENDS = ["dense", "dense-fused", "direct", "blocks", "codegen"]
 
 
 @pytest.fixture
@@ -406,6 +437,24 @@ def test_gpu_compile_equals_eager(backend, mode, exact_fp32):
             y = compiled(x)
     # inductor may reorder the dense baseline's adds; the sparse ops' outputs are the kernels' own
     assert relative_error(y, eager) <= (1e-6 if backend == "dense" else 0)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("epilogue", [False, True], ids=["plain", "bias-residual-relu"])
+def test_gpu_cudnn_fused_matches_the_unfused_chain(dtype, epilogue, exact_fp32):
+    """One cuDNN fusion graph computes what F.conv2d + bias + residual + ReLU compute, in the
+    layout the backend picks per dtype (NHWC for fp16), within 2x cuDNN's own error."""
+    spec = ConvSpec(4, 16, 33, 13, 13, 3, 3, 2, 1)
+    backend = get_backend("dense-fused")
+    x, weight, bias, residual = fused_args(dtype == torch.float16, epilogue, spec, dtype, "cuda")[:4]
+    call = backend.bind(backend.prepare(weight, None), spec, None, dtype, epilogue)
+    y = call(x, bias, residual, epilogue)
+    ref = expected(x, weight, bias, spec, epilogue, residual)
+    chain = F.conv2d(x, weight, bias, spec.stride, spec.padding) + (0 if residual is None else residual)
+    chain_error = relative_error(chain.relu() if epilogue else chain, ref)
+    assert y.is_contiguous(memory_format=torch.channels_last if dtype == torch.float16 else torch.contiguous_format)
+    assert relative_error(y, ref) <= 2 * chain_error + (1e-6 if dtype == torch.float32 else 1e-4)
 
 
 def test_kernel_call_skips_the_dispatcher_in_eager_runs_only(monkeypatch):

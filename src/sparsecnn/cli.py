@@ -6,6 +6,9 @@ import sys
 from typing import List, Optional
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
+RUN_MODES = ("graph", "eager")  # nn.sparsify.RUN_MODES, kept here so that --help imports no torch
+RUN_MODE_HELP = ("what tuning times: 'graph' (GPU time: the model runs under CUDA graphs or torch.compile) or "
+                 "'eager' (wall time of eager calls, launch cost included)")
 
 
 def _cmd_layers(args) -> None:
@@ -63,7 +66,7 @@ def _cmd_bench_model(args) -> None:
                        pattern=args.pattern, backend=args.backend, device=_device(args),
                        modes=tuple(_split(args.modes)), seed=args.seed, checkpoint=args.checkpoint,
                        compile_mode=None if args.compile_mode == "default" else args.compile_mode,
-                       backends=_split(args.backends) if args.backends else None)
+                       backends=_split(args.backends) if args.backends else None, run_mode=args.run_mode)
     write_jsonl(rows, args.out)
     print(markdown_table(rows))
     tuned = next((row["config"] for row in rows if row["backend"] != "cudnn"), None)
@@ -149,7 +152,7 @@ def _cmd_compile(args) -> None:
     model = compile_model(args.model, args.checkpoint, _input_shape(args.input_shape), args.dtype,
                           _split(args.backends) if args.backends else None, args.output,
                           num_classes=args.num_classes, device=args.device, cache_dir=args.cache_dir,
-                          retune=args.retune, progress=True)
+                          retune=args.retune, progress=True, run_mode=args.run_mode)
     print(model.sparsecnn_report.format())
     print(f"\nartefact written to {args.output}")
 
@@ -231,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_model.add_argument("--checkpoint", default=None, help="state_dict with pruned weights")
     bench_model.add_argument("--backends", default=None,
                              help="with --backend auto: comma-separated sparse backends tuning may pick (default all)")
+    bench_model.add_argument("--run-mode", choices=RUN_MODES, default="graph", help=RUN_MODE_HELP)
     _add_common(bench_model, 32)
     bench_model.set_defaults(run=_cmd_bench_model)
 
@@ -277,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     compile_.add_argument("--cache-dir", default=None, help="tuning cache (default: $SPARSECNN_CACHE_DIR or ~/.cache)")
     compile_.add_argument("--retune", action="store_true", help="time every candidate even when cached")
+    compile_.add_argument("--run-mode", choices=RUN_MODES, default="graph", help=RUN_MODE_HELP)
     compile_.add_argument("-o", "--output", required=True, help="artefact directory to write (replaced atomically)")
     compile_.set_defaults(run=_cmd_compile)
 

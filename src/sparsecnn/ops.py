@@ -4,7 +4,8 @@ Each op is a `torch.library.custom_op` with a fake implementation, so `torch.com
 layer as one graph node (inductor calls it as an extern kernel) and CUDA-graph capture records
 its launches. Ops take only tensors, ints, bools and strings: a packed weight travels as its
 tensors (each backend's `bind` lists them), a kernel config as the JSON of its dataclass
-(`config_json`). Every op returns a new contiguous (N, K, P, Q) tensor of x's dtype.
+(`config_json`). Every op returns a new (N, K, P, Q) tensor of x's dtype, contiguous but where its
+entry below says otherwise.
 
     direct_conv2d(x, values, offsets, row_ptr?, row_order?, bias?, residual?, kernel_shape,
                   padded_hw, stride, padding, config, relu)
@@ -23,6 +24,11 @@ tensors (each backend's `bind` lists them), a kernel config as the JSON of its d
                       dilation)
         the im2col + cuSPARSE baseline: torch.compile cannot trace sparse tensors, so the CSR
         weight travels as its three arrays and the op rebuilds it.
+    cudnn_fused_conv2d(x, weight, bias?, residual?, stride, padding, dilation, groups, channels_last,
+                       relu)
+        dense cuDNN with the epilogue fused: with relu on CUDA, one cuDNN fusion graph (aten's
+        cudnn_convolution_relu / cudnn_convolution_add_relu, which have no fake implementation of
+        their own); its output is channels_last when `channels_last`, else contiguous.
 
 Each op's `*_eager` twin is the same computation as a plain function: eager runs call it directly
 (`backends.KernelCall`), skipping the dispatcher and the custom op's autograd and dynamo wrappers,
@@ -56,6 +62,7 @@ from .kernels.configs import check_residual
 
 __all__ = ["blocks_conv2d", "blocks_conv2d_eager", "codegen_conv2d", "codegen_conv2d_eager", "codegen_kernel",
            "config_json", "direct_conv2d", "direct_conv2d_eager", "im2col_csr_conv2d", "im2col_csr_conv2d_eager",
+           "cudnn_fused_conv2d", "cudnn_fused_conv2d_eager",
            "register_codegen"]
 
 
@@ -234,3 +241,45 @@ im2col_csr_conv2d = custom_op("sparsecnn::im2col_csr_conv2d", im2col_csr_conv2d_
 @register_fake("sparsecnn::im2col_csr_conv2d")
 def _im2col_csr_conv2d_fake(x, crow_indices, col_indices, values, bias, kernel_shape, stride, padding, dilation):
     return _fake_output(x, None, kernel_shape, stride, padding, dilation)
+
+
+# --- dense cuDNN, epilogue fused ------------------------------------------------------------------
+
+def _memory_format(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def cudnn_fused_conv2d_eager(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                             residual: Optional[torch.Tensor], stride: List[int], padding: List[int],
+                             dilation: List[int], groups: int, channels_last: bool, relu: bool) -> torch.Tensor:
+    """act(conv(x) + bias + residual) -> (N, K, P, Q), channels_last (NHWC) iff `channels_last`.
+
+    x (N, C, H, W) any layout (converted to the output's); weight (K, C // groups, R, S) in that
+    layout; bias (K,) or None; residual None or of the output's shape, dtype and device. With relu
+    on CUDA the conv, bias, residual add and ReLU are one cuDNN fusion graph, instead of a conv and
+    up to three passes over its output; without relu (cuDNN fuses no epilogue without an
+    activation) and on CPU, F.conv2d then the epilogue.
+    """
+    layout = _memory_format(channels_last)
+    x = x.contiguous(memory_format=layout)
+    check_residual(residual, _output_shape(x, weight.shape, stride, padding, dilation), x)
+    if relu and x.is_cuda:
+        if residual is None:
+            y = torch.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)
+        else:
+            y = torch.cudnn_convolution_add_relu(x, weight, residual.contiguous(memory_format=layout), 1.0, bias,
+                                                 stride, padding, dilation, groups)
+        return y.contiguous(memory_format=layout)
+    y = F.conv2d(x, weight, bias, stride, padding, dilation, groups).contiguous(memory_format=layout)
+    if residual is not None:
+        y = y.add_(residual)
+    return y.relu_() if relu else y
+
+
+cudnn_fused_conv2d = custom_op("sparsecnn::cudnn_fused_conv2d", cudnn_fused_conv2d_eager, mutates_args=())
+
+
+@register_fake("sparsecnn::cudnn_fused_conv2d")
+def _cudnn_fused_conv2d_fake(x, weight, bias, residual, stride, padding, dilation, groups, channels_last, relu):
+    return _fake_output(x, residual, weight.shape, stride, padding, dilation).contiguous(
+        memory_format=_memory_format(channels_last))

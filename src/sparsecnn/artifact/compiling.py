@@ -160,7 +160,7 @@ def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence
                   backends: Optional[List[str]] = None, out_dir=None, *, model_name: Optional[str] = None,
                   num_classes: Optional[int] = None, device=None, cache_dir=None, retune: bool = False,
                   progress: Optional[bool] = None, timer: Optional[Timer] = None,
-                  weights_format: Optional[str] = None, seed: int = 0) -> fx.GraphModule:
+                  weights_format: Optional[str] = None, seed: int = 0, run_mode: str = "graph") -> fx.GraphModule:
     """Tune `model` for inputs of `input_shape` and write the artefact directory `out_dir`.
 
     model: a registered name (`sparsecnn.models.build_model(name, num_classes)`) or an nn.Module of
@@ -168,7 +168,8 @@ def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence
     simplified (`prepare_for_inference`: BatchNorm folded, ReLU/residual fused) and tuned
     (`autotune_model`) on `device` (default: CUDA when available) with a seeded random input of
     `input_shape` at precision policy `dtype`, over `backends` (None: the autotuner's default set;
-    the dense ones always run) and the tuning cache `cache_dir` (retune, progress, timer: as there).
+    the dense ones always run) and the tuning cache `cache_dir` (retune, progress, timer, run_mode:
+    as there; run_mode is kept in the manifest for re-tuning elsewhere).
 
     The artefact holds `manifest.json` (see `manifest`; decisions per layer, see this module),
     the tensors (`weights.safetensors` if the safetensors package is importable, else `weights.pt`;
@@ -191,11 +192,12 @@ def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence
     example = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
     gm = prepare_for_inference(module, masks, example_inputs=example[:1])
     gm.sparsecnn_report = autotune_model(gm, example, backends=backends, dtype=dtype, cache_dir=cache_dir,
-                                         retune=retune, progress=progress, timer=timer)
+                                         retune=retune, progress=progress, timer=timer, run_mode=run_mode)
     header = {"format": FORMAT, "version": VERSION, "sparsecnn": __version__,
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "model": {"name": name, "num_classes": num_classes, "input_shape": shape},
-              "policy": gm.sparsecnn_report.policy, "backends": backends, "device": device.type}
+              "policy": gm.sparsecnn_report.policy, "run_mode": run_mode, "backends": backends,
+              "device": device.type}
     out_dir = Path(out_dir)
     temporary = new_directory(out_dir)
     try:

@@ -179,5 +179,5 @@ def _retune(gm: fx.GraphModule, manifest: dict, device: torch.device, directory:
     example = torch.randn(manifest["model"]["input_shape"], generator=torch.Generator().manual_seed(_LOAD_SEED))
     gm.sparsecnn_report = autotune_model(gm, example.to(device), backends=manifest.get("backends"),
                                          dtype=manifest["policy"], cache_dir=cache_dir, progress=progress,
-                                         timer=timer)
+                                         timer=timer, run_mode=manifest.get("run_mode", "graph"))
 

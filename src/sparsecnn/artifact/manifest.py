@@ -2,7 +2,8 @@
 
 Top-level fields: "format" ("sparsecnn-artifact"), "version", "sparsecnn" (package version),
 "created" (ISO-8601 UTC), "model" {"name", "num_classes", "input_shape" [N, C, H, W]}, "policy"
-(precision policy name), "backends" (the tuning candidates asked for, null for the default set),
+(precision policy name), "run_mode" ("graph" or "eager": what tuning timed; absent in older
+artefacts: "graph"), "backends" (the tuning candidates asked for, null for the default set),
 "device" ("cuda" or "cpu": where it was tuned), "environment" (the autotuner's fingerprint of that
 device), "codegen_toolchain" (nvcc/ptxas versions and flags when a layer runs `codegen`, else
 null), "fuse" (the `FuseReport` of `prepare_for_inference`), "tuning" {"max_rel_error",

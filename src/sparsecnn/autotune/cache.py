@@ -3,9 +3,10 @@
 Directory: `cache_dir` argument, else $SPARSECNN_CACHE_DIR, else ~/.cache/sparsecnn/autotune.
 File `<layer hash>-<environment hash>.json` holds {"format", "layer", "environment", "decision"}.
 The layer key (`layer_key`) is what the choice depends on: the ConvSpec (batch included), the
-precision policy, the weight's sparsity pattern, bias / ReLU / residual epilogue, and the list of
-candidates offered. The environment is `fingerprint.environment_fingerprint` (GPU name and
-capability, torch/CUDA/cuDNN/triton/driver versions). Each environment has its own file, so
+precision policy, the weight's sparsity pattern, bias / ReLU / residual epilogue, the list of
+candidates offered and the run mode the timings stood for. The environment is
+`fingerprint.environment_fingerprint` (GPU name and capability, torch/CUDA/cuDNN/triton/driver
+versions). Each environment has its own file, so
 machines sharing a cache directory never overwrite each other's decisions, and a layer tuned only
 elsewhere is re-tuned with a note naming what differs.
 
@@ -63,12 +64,13 @@ def pattern_hash(weight: torch.Tensor) -> str:
 
 
 def layer_key(spec: ConvSpec, policy: str, weight: torch.Tensor, has_bias: bool, activation: str,
-              has_residual: bool, candidates: List[Tuple[str, Optional[dict]]]) -> Dict[str, Any]:
+              has_residual: bool, candidates: List[Tuple[str, Optional[dict]]],
+              run_mode: str = "graph") -> Dict[str, Any]:
     """What a layer's decision depends on, as a JSON-able dict.
 
     weight: the masked (K, C // groups, R, S) weight (only its non-zero pattern enters, hashed);
-    candidates: the (backend, config dict) pairs offered, hashed. Tuples become lists, as they read
-    back from JSON.
+    candidates: the (backend, config dict) pairs offered, hashed; run_mode: "graph" (GPU time
+    decided) or "eager" (eager wall time decided). Tuples become lists, as they read back from JSON.
     """
     return _as_json({
         "spec": {field: getattr(spec, field) for field in _SPEC_FIELDS},
@@ -78,6 +80,7 @@ def layer_key(spec: ConvSpec, policy: str, weight: torch.Tensor, has_bias: bool,
         "activation": activation,
         "residual": has_residual,
         "candidates": _digest([list(candidate) for candidate in candidates]),
+        "run_mode": run_mode,
     })
 
 

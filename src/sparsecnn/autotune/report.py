@@ -88,7 +88,8 @@ class TuneReport:
     tuning (`PhaseClock.seconds`; "total" is the whole call) and of the jobs run ahead in worker
     processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict), and the `direct` "batch"
     layers that write batch-innermost outputs (`nn.layout`) with the whole-model times that decided
-    it (`layout_ms`: "nchw", "batch_inner"). The layer results are
+    it (`layout_ms`: "nchw", "batch_inner"), and the run mode the times stand for ("graph": GPU
+    time, as CUDA graphs and torch.compile run it; "eager": eager wall time). The layer results are
     the per-layer decisions; when the check kept dense, the layers run `model_check.dense_backend`
     instead."""
 
@@ -102,6 +103,7 @@ class TuneReport:
     worker_jobs: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict)
     batch_inner_outputs: List[str] = dataclasses.field(default_factory=list)
     layout_ms: Dict[str, float] = dataclasses.field(default_factory=dict)
+    run_mode: str = "graph"
 
     @property
     def total_ms(self) -> float:
@@ -124,8 +126,8 @@ class TuneReport:
                   f"{layer.dense_ms:.4f} | {layer.speedup:.2f}x | {self.share(layer):.1%} | {layer.cache} |"
                   for layer in self.layers]
         speedup = self.dense_total_ms / self.total_ms if self.total_ms > 0 else float("nan")
-        lines.append(f"\nconvolutions ({self.policy}): {self.total_ms:.4f} ms tuned, {self.dense_total_ms:.4f} ms "
-                     f"dense, {speedup:.2f}x")
+        lines.append(f"\nconvolutions ({self.policy}, {self.run_mode} times): {self.total_ms:.4f} ms tuned, "
+                     f"{self.dense_total_ms:.4f} ms dense, {speedup:.2f}x")
         if self.max_rel_error is not None:
             lines.append(f"max relative error of the outputs vs the original model: {self.max_rel_error:.2e}")
         if self.model_check is not None:

@@ -12,10 +12,10 @@ from ..backends import backend_names, config_to_dict, get_backend
 from ..layers import ConvSpec
 from .phases import PhaseClock
 from .precision import PrecisionPolicy, tf32_variant, uses_tf32
-from .timing import benchmark, time_one_call
+from .timing import benchmark, eager_wall_ms, time_one_call
 
 # Dense cuDNN in every form the policy allows is always a candidate; "dense" is the baseline.
-DENSE_BACKENDS = ("dense", "dense-tf32", "dense-channels-last")
+DENSE_BACKENDS = ("dense", "dense-tf32", "dense-channels-last", "dense-fused")
 BASELINE = "dense"
 DEFAULT_DROP_RATIO = 10.0
 # Candidates beyond the dense ones that get a full benchmark: the fastest by their one timed run.
@@ -105,6 +105,24 @@ class MeasuringTimer:
     def measure(self, candidate: Candidate, fn: Callable[[], object]) -> float:
         return benchmark(fn, self.device, self.warmup_ms, self.rep_ms, max_rep=self.max_rep,
                          hide_launch=True)["median_ms"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EagerTimer:
+    """Wall time per call of back-to-back eager calls (`eager_wall_ms`): what a model run without
+    CUDA graphs or torch.compile pays, the CPU's launch cost included. A small layer's Triton launch
+    costs more CPU than its GPU work (~0.1 ms at N=1), so under this timer dense cuDNN wins the
+    layers whose sparse kernel saves less than that."""
+
+    device: torch.device
+    calls: int = 10
+    repeats: int = 3
+
+    def probe(self, candidate: Candidate, fn: Callable[[], object]) -> float:
+        return eager_wall_ms(fn, self.device, calls=3)
+
+    def measure(self, candidate: Candidate, fn: Callable[[], object]) -> float:
+        return eager_wall_ms(fn, self.device, self.calls, self.repeats)
 
 
 @dataclasses.dataclass

@@ -119,6 +119,25 @@ def benchmark(fn: Callable[[], object], device: torch.device | str, warmup_ms: f
     return _quantiles(_time_cpu(fn, warmup_ms, rep_ms, min_rep, 200 if max_rep is None else max_rep))
 
 
+def eager_wall_ms(fn: Callable[[], object], device: torch.device | str, calls: int = 10, repeats: int = 1) -> float:
+    """Wall milliseconds per call of `calls` back-to-back calls of `fn()` after one untimed call;
+    the median of `repeats` such groups. On CUDA the device is synchronised around each group only,
+    so a call costs max(the CPU's time to issue its work, the GPU's time to run it), as in an eager
+    loop. No L2 flush: back-to-back calls are what such a loop makes."""
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    groups = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        groups.append(1e3 * (time.perf_counter() - start) / calls)
+    return statistics.median(groups)
+
+
 def time_one_call(fn: Callable[[], object], device: torch.device | str, hide_launch: bool = False) -> float:
     """Milliseconds of one call of `fn()` after one untimed call (which pays compilation and
     algorithm selection); CUDA events on CUDA (launch overhead hidden as in `benchmark` when

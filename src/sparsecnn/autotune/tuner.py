@@ -30,19 +30,20 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
                policy: PrecisionPolicy, candidates: List[Candidate], timer: Timer,
                cache: Optional[TuneCache] = None, retune: bool = False, drop_ratio: float = DEFAULT_DROP_RATIO,
                activation: str = "none", residual: Optional[torch.Tensor] = None,
-               clock: Optional[PhaseClock] = None) -> LayerResult:
+               clock: Optional[PhaseClock] = None, run_mode: str = "graph") -> LayerResult:
     """The fastest of `candidates` for one layer, from `cache` when it holds a usable decision.
 
     x: the layer's input (N, C, H, W) in `policy.dtype`; weight: masked (K, C // groups, R, S);
     bias: (K,) or None; activation ("none" or "relu") and residual (None or the output's shape) are
     the fused epilogue every candidate runs with. retune: time even when a decision is cached.
     Timing runs with the global TF32 flags off (see `precision`). The result's `cache_note` says why
-    an entry on disk was not used, when one existed. clock: see `pick_fastest`.
+    an entry on disk was not used, when one existed. clock: see `pick_fastest`. run_mode: what
+    `timer` measures ("graph": GPU time, "eager": eager wall time), part of the cache key.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     key = layer_key(spec, policy.name, weight, bias is not None, activation, residual is not None,
-                    [candidate.saved() for candidate in candidates])
+                    [candidate.saved() for candidate in candidates], run_mode)
     note = None
     if cache is not None and not retune:
         decision, note = cache.lookup(key)

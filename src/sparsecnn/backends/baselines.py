@@ -4,7 +4,8 @@ dense and im2col-cublas are aten compositions (torch.compile traces them as they
 im2col-cusparse runs through the op `sparsecnn::im2col_csr_conv2d`, because torch.compile cannot
 trace sparse tensors. None has a fused epilogue: each ends with `apply_epilogue_`.
 dense-tf32 and dense-channels-last are the dense forms the autotuner also offers (precision policy
-"tf32"; fp16/bf16).
+"tf32"; fp16/bf16); dense-fused is dense cuDNN with the epilogue fused into the convolution (op
+`sparsecnn::cudnn_fused_conv2d`: aten's cudnn_convolution_relu has no fake implementation).
 """
 from __future__ import annotations
 
@@ -162,4 +163,37 @@ DENSE_CHANNELS_LAST = register_backend(Backend(
     dtypes={"cuda": (torch.float16, torch.bfloat16)},
     prepare=lambda weight, config: weight.contiguous(memory_format=torch.channels_last),
     bind=_dense_channels_last_bind,
+))
+
+
+def _fused_channels_last(dtype: torch.dtype) -> bool:
+    """NHWC for fp16/bf16 (cuDNN's tensor-core layout), NCHW for fp32."""
+    return dtype in (torch.float16, torch.bfloat16)
+
+
+def _dense_fused_prepare(weight: torch.Tensor, config) -> torch.Tensor:
+    layout = torch.channels_last if _fused_channels_last(weight.dtype) else torch.contiguous_format
+    return weight.contiguous(memory_format=layout)
+
+
+def _dense_fused_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                      residual: Optional[torch.Tensor], stride: List[int], padding: List[int], dilation: List[int],
+                      groups: int, channels_last: bool, relu: bool) -> torch.Tensor:
+    return torch.ops.sparsecnn.cudnn_fused_conv2d.default(x, weight, bias, residual, stride, padding, dilation,
+                                                          groups, channels_last, relu)
+
+
+def _dense_fused_bind(weight: torch.Tensor, spec: ConvSpec, config, dtype: torch.dtype,
+                      has_bias: bool) -> KernelCall:
+    static = (list(spec.stride), list(spec.padding), list(spec.dilation), spec.groups, _fused_channels_last(dtype))
+    return KernelCall(_dense_fused_conv, (weight,), static, eager=ops.cudnn_fused_conv2d_eager)
+
+
+DENSE_FUSED = register_backend(Backend(
+    name="dense-fused",
+    description="cuDNN conv + bias (+ residual) + ReLU as one fusion graph (fp16/bf16 NHWC, fp32 NCHW); "
+                "layers without ReLU run F.conv2d then the residual add",
+    dtypes={"cuda": (torch.float32, torch.float16, torch.bfloat16)},
+    prepare=_dense_fused_prepare,
+    bind=_dense_fused_bind,
 ))

@@ -188,8 +188,8 @@ def _input(name: str, batch: int, seed: int, device: torch.device, dtype: str) -
     return round_to(x, dtype)
 
 
-def _variant(model: nn.Module, x: torch.Tensor, dtype: str, backend: str,
-             backends: Optional[List[str]]) -> Tuple[nn.Module, torch.Tensor, Optional[dict]]:
+def _variant(model: nn.Module, x: torch.Tensor, dtype: str, backend: str, backends: Optional[List[str]],
+             run_mode: str = "graph") -> Tuple[nn.Module, torch.Tensor, Optional[dict]]:
     """(copy of `model` to run, its input, the row's config) for backend "cudnn" (the masked model in
     dtype, channels_last for fp16/bf16) or a sparse backend (`prepare_for_inference`, then
     `sparsify_` at the dtype's precision policy, NCHW; config: see `_sparse_choices`)."""
@@ -201,8 +201,9 @@ def _variant(model: nn.Module, x: torch.Tensor, dtype: str, backend: str,
     sparse = prepare_for_inference(copy.deepcopy(model))
     start = time.perf_counter()
     with precision(dtype):
-        sparsify_(sparse, x, backend=backend, dtype=dtype, backends=backends, progress=False)
-    return sparse, x.to(stored), {**_sparse_choices(sparse, time.perf_counter() - start), "backends": backends}
+        sparsify_(sparse, x, backend=backend, dtype=dtype, backends=backends, progress=False, run_mode=run_mode)
+    return sparse, x.to(stored), {**_sparse_choices(sparse, time.perf_counter() - start), "backends": backends,
+                                  "run_mode": run_mode}
 
 
 def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: str, backend: str = "auto",
@@ -210,7 +211,7 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
                 run_id: Optional[str] = None, checkpoint: Optional[str | os.PathLike] = None,
                 progress: bool = True, timing: Optional[Dict[str, Any]] = None,
                 compile_mode: Optional[str] = "max-autotune",
-                backends: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+                backends: Optional[List[str]] = None, run_mode: str = "graph") -> List[Dict[str, Any]]:
     """Benchmark model `name` at `batch`; returns results rows of kind "model".
 
     Rows: backend "cudnn" (the pruned model run densely; fp16/bf16 in channels_last) in each mode,
@@ -220,7 +221,8 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     (TF32 off), "tf32", "fp16", "bf16". timing: keyword arguments for `autotune.benchmark`.
     compile_mode: `torch.compile`'s mode for the dense model in mode "compile" (None: default).
     backends: with backend "auto", the only sparse backends tuning may pick (None: all; the sparse
-    row's config records it).
+    row's config records it). run_mode: what tuning times (`autotune_model`; the row's config
+    records it).
     """
     _check_args(dtype, backend, modes)
     device, timing = torch.device(device), dict(timing or {})
@@ -233,7 +235,7 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
             "model": name, "N": batch, "dtype": dtype, "sparsity": recorded_sparsity, "pattern": label}
     rows = []
     for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
-        runnable, x_cast, config = _variant(model, x, dtype, variant, backends)
+        runnable, x_cast, config = _variant(model, x, dtype, variant, backends, run_mode)
         dense_compile_mode = compile_mode if variant == CUDNN else None
         rows += [_row(base, variant, config, mode, stats)
                  for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, dense_compile_mode)]

@@ -12,15 +12,16 @@ import dataclasses
 import logging
 import math
 import sys
-import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..autotune import (DEFAULT_DROP_RATIO, Candidate, MeasuringTimer, ModelCheck, PhaseClock, PrecisionPolicy, Timer,
-                        TuneCache, TuneReport, candidates_for, environment_fingerprint, resolve_policy, tf32_flags, tune_layer)
+from ..autotune import (DEFAULT_DROP_RATIO, Candidate, EagerTimer, MeasuringTimer, ModelCheck, PhaseClock,
+                        PrecisionPolicy, Timer, TuneCache, TuneReport, candidates_for, environment_fingerprint,
+                        resolve_policy, tf32_flags, tune_layer)
+from ..autotune.timing import eager_wall_ms
 from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
 from ..backends.workers import job_times, reset_job_times
@@ -31,6 +32,7 @@ from .sparse_conv import SparseConv2d
 FilterFn = Callable[[str, nn.Module], bool]
 _LOG = logging.getLogger("sparsecnn.autotune")
 _CONV_TYPES = (nn.Conv1d, nn.Conv2d, SparseConv2d)
+RUN_MODES = ("graph", "eager")
 
 
 def _selected(model: nn.Module, filter_fn: Optional[FilterFn]) -> List[Tuple[str, nn.Module]]:
@@ -100,7 +102,7 @@ def _max_rel_error(output, reference) -> Optional[float]:
 def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
               filter_fn: Optional[FilterFn] = None, masks: Optional[Dict[str, torch.Tensor]] = None,
               backends: Optional[List[str]] = None, dtype: Optional[str] = None, cache_dir=None,
-              retune: bool = False, progress: Optional[bool] = None) -> nn.Module:
+              retune: bool = False, progress: Optional[bool] = None, run_mode: str = "graph") -> nn.Module:
     """Run every Conv1d/Conv2d of `model` (selected by `filter_fn(name, module)`) as `SparseConv2d`.
 
     backend: a registered backend name for every layer, or "auto" to tune each layer on its real
@@ -110,15 +112,15 @@ def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
     masks: module name -> bool mask (default: a `weight_mask` from torch.nn.utils.prune, else the
     weight's non-zeros; an existing SparseConv2d keeps its mask). dtype: None (the model's own
     precision, exact) or "fp32" (exact, no TF32), "tf32", "fp16", "bf16", "fp64"; the model is
-    converted to that dtype. cache_dir, retune, progress: see `autotune_model`. Returns `model`,
-    modified in place.
+    converted to that dtype. cache_dir, retune, progress, run_mode: see `autotune_model`. Returns
+    `model`, modified in place.
     """
     if backend == "auto":
         if example_inputs is None:
             raise ValueError("backend='auto' needs example_inputs to time the candidates on")
         model.sparsecnn_report = autotune_model(model, example_inputs, filter_fn=filter_fn, masks=masks,
                                                 backends=backends, dtype=dtype, cache_dir=cache_dir,
-                                                retune=retune, progress=progress)
+                                                retune=retune, progress=progress, run_mode=run_mode)
         return model
     get_backend(backend)
     inputs = _as_tuple(example_inputs) if example_inputs is not None else ()
@@ -136,7 +138,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                    masks: Optional[Dict[str, torch.Tensor]] = None, backends: Optional[List[str]] = None,
                    dtype: Optional[str] = None, cache_dir=None, retune: bool = False,
                    progress: Optional[bool] = None, timer: Optional[Timer] = None,
-                   drop_ratio: float = DEFAULT_DROP_RATIO) -> TuneReport:
+                   drop_ratio: float = DEFAULT_DROP_RATIO, run_mode: str = "graph") -> TuneReport:
     """Make each selected conv of `model` a `SparseConv2d` running its fastest candidate; in place.
 
     example_inputs: a tensor or a tuple of `model`'s positional inputs, on the model's device (put
@@ -144,16 +146,22 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     (`autotune.tune_layer`): every backend x config supporting it (only `backends`, plus the dense
     ones, when given) at the precision policy `dtype` (see `sparsify_`), decisions cached in
     `cache_dir` (default `autotune.default_cache_dir()`) unless `retune`. progress: a tqdm bar
-    (default: when stderr is a terminal). timer: how candidates are timed (default: measured on the
-    inputs' device). Layers the inputs never reach are left as they were. Returns the `TuneReport`,
+    (default: when stderr is a terminal). run_mode: how the model will run, which decides what is
+    timed: "graph" (default; CUDA graphs or torch.compile with them: GPU time, launches hidden) or
+    "eager" (plain calls: wall time of back-to-back calls, CPU launch cost included, so layers
+    whose kernels save less GPU time than their launches cost stay dense). timer: how candidates
+    are timed (default: `MeasuringTimer`, or `EagerTimer` for run_mode "eager", on the inputs'
+    device). Layers the inputs never reach are left as they were. Returns the `TuneReport`,
     with the max relative error of the tuned model's outputs against the original model's
     (computed before conversion, TF32 off).
     """
+    if run_mode not in RUN_MODES:
+        raise ValueError(f"run_mode must be one of {RUN_MODES}, got {run_mode!r}")
     inputs = _as_tuple(example_inputs)
     policy = resolve_policy(dtype, _parameter_dtype(model, inputs))
     device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
     cache = TuneCache(cache_dir, environment_fingerprint(device))
-    timer = timer or MeasuringTimer(device)
+    timer = timer or (EagerTimer(device) if run_mode == "eager" else MeasuringTimer(device))
     show = sys.stderr.isatty() if progress is None else progress
     clock = PhaseClock()
     reset_job_times()
@@ -170,7 +178,8 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
             with clock.phase("prefetch"):
                 _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends)
             tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio,
-                                  tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show), clock)
+                                  tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show), clock,
+                                  run_mode)
             with clock.phase("layers"):
                 output = tuning.run(model, _cast(inputs, policy.dtype))
         unreached = [name for name in layers if name not in tuning.results]
@@ -184,29 +193,31 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 batch_inner, layout_ms = keep_batch_inner_outputs(model, lambda: model(*_cast(inputs, policy.dtype)),
                                                                   tuned, timer)
             with clock.phase("model check"):
-                check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, policy, device.type, timer)
+                check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, device.type, timer)
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
-                      batch_inner if check.kept == "tuned" else [], layout_ms)
+                      batch_inner if check.kept == "tuned" else [], layout_ms, run_mode)
 
 
-def _dense_backend(policy: PrecisionPolicy, device_type: str) -> str:
-    """The dense backend a whole model is checked against: NHWC cuDNN where it is fastest."""
-    half = policy.dtype in (torch.float16, torch.bfloat16)
-    return "dense-channels-last" if half and device_type == "cuda" else "dense"
+def _dense_backend(device_type: str) -> str:
+    """The dense backend a whole model is checked against: on CUDA cuDNN with the epilogue fused
+    (NHWC for fp16/bf16), the fastest dense form on ResNet-50
+    (benchmarks/experiments/2026-11-22-s10-cudnn-fused.py)."""
+    return "dense-fused" if device_type == "cuda" else "dense"
 
 
-def _check_against_dense(model: nn.Module, inputs: tuple, tuned: Dict[str, SparseConv2d], policy: PrecisionPolicy,
+def _check_against_dense(model: nn.Module, inputs: tuple, tuned: Dict[str, SparseConv2d],
                          device_type: str, timer: Timer) -> ModelCheck:
     """Time `model(*inputs)` as tuned and with every tuned layer on the dense backend; keep the faster.
 
     Per-layer choices are timed one layer at a time with L2 flushed, so they can add up to a model
     slower than dense: the NCHW sparse kernels and the NHWC dense ones convert between layouts, and
     dense layers profit more from activations left in L2 by the previous layer. This check makes
-    the tuned model never slower than the same model run densely, as measured. On CUDA both are also
-    timed in eager mode, where launches can make a tuned model slower (small batches): a warning says so."""
-    dense = _dense_backend(policy, device_type)
+    the tuned model never slower than the same model run densely, as measured by `timer` (GPU time,
+    or eager wall time with run_mode "eager"). On CUDA both are also timed in eager mode, where
+    launches can make a model tuned on GPU time slower (small batches): a warning says so."""
+    dense = _dense_backend(device_type)
     chosen = {name: layer._backend_state() for name, layer in tuned.items()}
 
     def run():
@@ -225,23 +236,15 @@ def _check_against_dense(model: nn.Module, inputs: tuple, tuned: Dict[str, Spars
     check = ModelCheck(tuned_ms, dense_ms, dense, "tuned", tuned_eager_ms, dense_eager_ms)
     if check.slower_in_eager:
         _LOG.warning("in eager mode the tuned model takes %.4g ms per call, %s on every layer %.4g ms: its "
-                     "kernel launches are CPU-bound; run it under CUDA graphs or torch.compile "
-                     "(GPU work %.4g ms against %.4g ms)", tuned_eager_ms, dense, dense_eager_ms, tuned_ms, dense_ms)
+                     "kernel launches are CPU-bound; run it under CUDA graphs or torch.compile, or tune "
+                     "with run_mode='eager' (GPU work %.4g ms against %.4g ms)", tuned_eager_ms, dense, dense_eager_ms, tuned_ms, dense_ms)
     return check
 
 
-def _eager_ms(run: Callable[[], object], device_type: str, calls: int = 10) -> Optional[float]:
-    """Wall ms per call of `calls` back-to-back eager calls after one more (CUDA only, else None):
-    unlike the GPU-time medians, this includes the CPU cost of issuing the work."""
-    if device_type != "cuda":
-        return None
-    run()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        run()
-    torch.cuda.synchronize()
-    return 1e3 * (time.perf_counter() - start) / calls
+def _eager_ms(run: Callable[[], object], device_type: str) -> Optional[float]:
+    """Wall ms per call of 10 back-to-back eager calls (CUDA only, else None): unlike the GPU-time
+    medians, this includes the CPU cost of issuing the work."""
+    return eager_wall_ms(run, "cuda") if device_type == "cuda" else None
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):
@@ -283,10 +286,10 @@ class _LayerTuning:
 
     def __init__(self, layers: Dict[str, SparseConv2d], masks: Dict[str, torch.Tensor], policy: PrecisionPolicy,
                  backends: Optional[List[str]], cache: TuneCache, timer: Timer, retune: bool, drop_ratio: float,
-                 bar: tqdm, clock: PhaseClock):
+                 bar: tqdm, clock: PhaseClock, run_mode: str):
         self.layers, self.masks, self.policy, self.backends = layers, masks, policy, backends
         self.cache, self.timer, self.retune, self.drop_ratio, self.bar = cache, timer, retune, drop_ratio, bar
-        self.clock = clock
+        self.clock, self.run_mode = clock, run_mode
         self.results = {}
 
     def run(self, model: nn.Module, inputs: tuple):
@@ -317,7 +320,7 @@ class _LayerTuning:
         result = tune_layer(name, as_2d(x), layer._weight_4d().detach().contiguous(), layer.bias, spec, self.policy,
                             candidates_for(spec, self.policy, x.device.type, self.backends), self.timer,
                             self.cache, self.retune, self.drop_ratio, layer.activation,
-                            None if residual is None else as_2d(residual), self.clock)
+                            None if residual is None else as_2d(residual), self.clock, self.run_mode)
         layer._set_backend(result.backend, result.config)
         set_tuning_layout(layer)
         layer.timings = {**{label: math.nan for label in result.dropped}, **result.times_ms}
