@@ -328,11 +328,13 @@ def test_phase_clock_sums_repeated_phases():
 def test_the_whole_model_is_never_slower_than_dense(tmp_path, caplog, model_ms, kept):
     model, x = _model(), torch.randn(2, 3, 12, 12)
     ref = model(x)
-    timer = FakeTimer(measure_ms={"dense": 2.0, "im2col-cublas": 1.0, "im2col-cusparse": 3.0, **model_ms})
+    switches = {"model:switch 0": 10.0, "model:switch 2": 10.0}
+    timer = FakeTimer(measure_ms={"dense": 2.0, "im2col-cublas": 1.0, "im2col-cusparse": 3.0, **model_ms, **switches})
     report = autotune_model(model, x, cache_dir=tmp_path, timer=timer, progress=False)
     check = report.model_check
-    assert timer.measured[-2:] == ["model:tuned", "model:dense"]
+    assert timer.measured[-4:] == ["model:tuned", "model:dense", "model:switch 0", "model:switch 2"]
     assert (check.kept, check.dense_backend, check.tuned_ms, check.dense_ms) == (kept, "dense", *model_ms.values())
+    assert check.switched == [] and check.final_ms == min(model_ms.values())  # no switch gained
     assert [layer.backend for layer in report.layers] == ["im2col-cublas", "im2col-cublas"]
     running = "im2col-cublas" if kept == "tuned" else "dense"
     assert model[0].backend == running and model[2].backend == running
@@ -341,13 +343,43 @@ def test_the_whole_model_is_never_slower_than_dense(tmp_path, caplog, model_ms, 
     assert ("every tuned layer now runs dense" in caplog.text) == (kept == "dense")
 
 
+@pytest.mark.parametrize("model_ms, kept, running", [
+    ({"model:tuned": 5.0, "model:dense": 4.0, "model:switch 0": 3.0, "model:switch 2": 4.5}, "dense",
+     ["im2col-cublas", "dense"]),
+    ({"model:tuned": 3.0, "model:dense": 4.0, "model:switch 0": 3.5, "model:switch 2": 2.5}, "tuned",
+     ["im2col-cublas", "dense"]),
+])
+def test_layers_are_switched_one_at_a_time_where_the_whole_model_gets_faster(tmp_path, model_ms, kept, running):
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    ref = model(x)
+    timer = FakeTimer(measure_ms={"dense": 2.0, "im2col-cublas": 1.0, "im2col-cusparse": 3.0, **model_ms})
+    report = autotune_model(model, x, cache_dir=tmp_path, timer=timer, progress=False)
+    check = report.model_check
+    assert check.kept == kept and check.switched == (["0"] if kept == "dense" else ["2"])
+    assert check.final_ms == min(model_ms.values()) and "1 layers switched" in check.format()
+    assert [model[0].backend, model[2].backend] == running
+    assert relative_error(model(x), ref) < 1e-6
+
+
+def test_switches_try_the_largest_isolated_gain_first_from_dense_and_the_smallest_from_tuned():
+    from sparsecnn.nn.model_check import _switch_order
+
+    spec = ConvSpec(1, 3, 8, 8, 8, 3, 3)
+    results = {name: LayerResult(name, spec, "direct", None, "direct", ms, 1.0, {"dense": 1.0}, {}, "tuned")
+               for name, ms in (("a", 0.9), ("b", 0.2), ("c", 0.5), ("d", 0.4))}
+    chosen = {name: ("direct",) for name in results}
+    chosen["d"] = ("dense",)  # already dense: nothing to switch
+    assert _switch_order(results, chosen, "dense", "dense") == ["b", "c", "a"]
+    assert _switch_order(results, chosen, "dense", "tuned") == ["a", "c", "b"]
+
+
 @pytest.mark.parametrize("eager_ms, warned", [((2.0, 3.0), False), ((6.0, 3.0), True)])
 def test_the_model_check_warns_when_the_tuned_model_is_slower_in_eager_mode(tmp_path, caplog, monkeypatch,
                                                                              eager_ms, warned):
-    import sparsecnn.nn.sparsify as sparsify_module
+    import sparsecnn.nn.model_check as model_check_module
 
     times = iter(eager_ms)  # tuned, then dense: as if measured on CUDA
-    monkeypatch.setattr(sparsify_module, "_eager_ms", lambda run, device_type: next(times))
+    monkeypatch.setattr(model_check_module, "_eager_ms", lambda run, device_type: next(times))
     model, x = _model(), torch.randn(2, 3, 12, 12)
     timer = FakeTimer(measure_ms={"dense": 2.0, "im2col-cublas": 1.0, "im2col-cusparse": 3.0,
                                   "model:tuned": 3.0, "model:dense": 4.0})
@@ -359,7 +391,7 @@ def test_the_model_check_warns_when_the_tuned_model_is_slower_in_eager_mode(tmp_
 
 
 def test_eager_timing_of_the_model_check_is_cuda_only():
-    from sparsecnn.nn.sparsify import _eager_ms
+    from sparsecnn.nn.model_check import _eager_ms
 
     assert _eager_ms(lambda: None, "cpu") is None
 

@@ -51,8 +51,11 @@ def format_worker_jobs(worker_jobs: Dict[str, Dict[str, float]]) -> List[str]:
 class ModelCheck:
     """The whole model timed twice after tuning (median ms, GPU work only on CUDA): with the tuned
     layers and with every tuned layer on `dense_backend`; `kept`: "tuned" or "dense", the faster.
-    On CUDA also in eager mode (`tuned_eager_ms`, `dense_eager_ms`: wall ms per call of back-to-back
-    calls, the CPU's launch costs included, which CUDA graphs hide; None elsewhere)."""
+    Then `switched`: the layers moved, one at a time, from the kept form to their other one (dense
+    for a kept tuned model, the tuned choice for a kept dense one) because the whole model got
+    faster, to `final_ms` (`nn.model_check`). On CUDA also in eager mode (`tuned_eager_ms`,
+    `dense_eager_ms`: wall ms per call of back-to-back calls, the CPU's launch costs included, which
+    CUDA graphs hide; None elsewhere)."""
 
     tuned_ms: float
     dense_ms: float
@@ -60,6 +63,8 @@ class ModelCheck:
     kept: str
     tuned_eager_ms: Optional[float] = None
     dense_eager_ms: Optional[float] = None
+    switched: List[str] = dataclasses.field(default_factory=list)
+    final_ms: Optional[float] = None
 
     @property
     def slower_in_eager(self) -> bool:
@@ -72,6 +77,9 @@ class ModelCheck:
                    else f"every tuned layer now runs {self.dense_backend}")
         text = (f"whole model: {self.tuned_ms:.4f} ms tuned, {self.dense_ms:.4f} ms with every layer on "
                 f"{self.dense_backend}: {verdict}")
+        if self.switched:
+            other = "dense" if self.kept == "tuned" else "their tuned choice"
+            text += f"; {len(self.switched)} layers switched to {other} in context: {self.final_ms:.4f} ms"
         if self.tuned_eager_ms is not None and self.dense_eager_ms is not None:
             text += f"; eager calls {self.tuned_eager_ms:.4f} ms tuned, {self.dense_eager_ms:.4f} ms dense"
         if self.slower_in_eager:
@@ -91,7 +99,8 @@ class TuneReport:
     it (`layout_ms`: "nchw", "batch_inner"), and the run mode the times stand for ("graph": GPU
     time, as CUDA graphs and torch.compile run it; "eager": eager wall time). The layer results are
     the per-layer decisions; when the check kept dense, the layers run `model_check.dense_backend`
-    instead."""
+    instead, but for its `switched` layers (and when it kept the tuned ones, the `switched` layers
+    run dense)."""
 
     layers: List[LayerResult]
     policy: str

@@ -176,17 +176,11 @@ def _dense_fused_prepare(weight: torch.Tensor, config) -> torch.Tensor:
     return weight.contiguous(memory_format=layout)
 
 
-def _dense_fused_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                      residual: Optional[torch.Tensor], stride: List[int], padding: List[int], dilation: List[int],
-                      groups: int, channels_last: bool, relu: bool) -> torch.Tensor:
-    return torch.ops.sparsecnn.cudnn_fused_conv2d.default(x, weight, bias, residual, stride, padding, dilation,
-                                                          groups, channels_last, relu)
-
-
 def _dense_fused_bind(weight: torch.Tensor, spec: ConvSpec, config, dtype: torch.dtype,
                       has_bias: bool) -> KernelCall:
     static = (list(spec.stride), list(spec.padding), list(spec.dilation), spec.groups, _fused_channels_last(dtype))
-    return KernelCall(_dense_fused_conv, (weight,), static, eager=ops.cudnn_fused_conv2d_eager)
+    return KernelCall(torch.ops.sparsecnn.cudnn_fused_conv2d.default, (weight,), static,
+                      eager=ops.cudnn_fused_conv2d_eager)
 
 
 DENSE_FUSED = register_backend(Backend(

@@ -28,6 +28,11 @@ def _is_batch(layer) -> bool:
             and getattr(layer.config, "variant", None) == "batch")
 
 
+def is_batch_inner(layer) -> bool:
+    """Whether `layer` runs "batch" and writes batch-innermost outputs."""
+    return _is_batch(layer) and layer.config.out_layout == "batch_inner"
+
+
 def batch_inner_candidates(model: nn.Module, tuned: Dict[str, SparseConv2d]) -> List[str]:
     """Names of tuned "batch" layers all of whose outputs' users are tuned "batch" layers."""
     if not isinstance(model, torch.fx.GraphModule):

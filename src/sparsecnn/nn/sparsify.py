@@ -18,15 +18,15 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..autotune import (DEFAULT_DROP_RATIO, Candidate, EagerTimer, MeasuringTimer, ModelCheck, PhaseClock,
-                        PrecisionPolicy, Timer, TuneCache, TuneReport, candidates_for, environment_fingerprint,
-                        resolve_policy, tf32_flags, tune_layer)
-from ..autotune.timing import eager_wall_ms
+from ..autotune import (DEFAULT_DROP_RATIO, EagerTimer, MeasuringTimer, PhaseClock, PrecisionPolicy, Timer,
+                        TuneCache, TuneReport, candidates_for, environment_fingerprint, resolve_policy, tf32_flags,
+                        tune_layer)
 from ..autotune.select import prefetch_candidates
 from ..backends import get_backend
 from ..backends.workers import job_times, reset_job_times
 from ..kernels.reference import relative_error
-from .layout import keep_batch_inner_outputs, set_tuning_layout
+from .layout import is_batch_inner, keep_batch_inner_outputs, set_tuning_layout
+from .model_check import check_against_dense
 from .sparse_conv import SparseConv2d
 
 FilterFn = Callable[[str, nn.Module], bool]
@@ -193,58 +193,12 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 batch_inner, layout_ms = keep_batch_inner_outputs(model, lambda: model(*_cast(inputs, policy.dtype)),
                                                                   tuned, timer)
             with clock.phase("model check"):
-                check = _check_against_dense(model, _cast(inputs, policy.dtype), tuned, device.type, timer)
+                check = check_against_dense(lambda: model(*_cast(inputs, policy.dtype)), tuned, tuning.results,
+                                            device.type, timer)
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
-                      batch_inner if check.kept == "tuned" else [], layout_ms, run_mode)
-
-
-def _dense_backend(device_type: str) -> str:
-    """The dense backend a whole model is checked against: on CUDA cuDNN with the epilogue fused
-    (NHWC for fp16/bf16), the fastest dense form on ResNet-50
-    (benchmarks/experiments/2026-11-22-s10-cudnn-fused.py)."""
-    return "dense-fused" if device_type == "cuda" else "dense"
-
-
-def _check_against_dense(model: nn.Module, inputs: tuple, tuned: Dict[str, SparseConv2d],
-                         device_type: str, timer: Timer) -> ModelCheck:
-    """Time `model(*inputs)` as tuned and with every tuned layer on the dense backend; keep the faster.
-
-    Per-layer choices are timed one layer at a time with L2 flushed, so they can add up to a model
-    slower than dense: the NCHW sparse kernels and the NHWC dense ones convert between layouts, and
-    dense layers profit more from activations left in L2 by the previous layer. This check makes
-    the tuned model never slower than the same model run densely, as measured by `timer` (GPU time,
-    or eager wall time with run_mode "eager"). On CUDA both are also timed in eager mode, where
-    launches can make a model tuned on GPU time slower (small batches): a warning says so."""
-    dense = _dense_backend(device_type)
-    chosen = {name: layer._backend_state() for name, layer in tuned.items()}
-
-    def run():
-        return model(*inputs)
-
-    tuned_ms, tuned_eager_ms = timer.measure(Candidate("model:tuned"), run), _eager_ms(run, device_type)
-    for layer in tuned.values():
-        layer._set_backend(dense, None)
-    dense_ms, dense_eager_ms = timer.measure(Candidate(f"model:{dense}"), run), _eager_ms(run, device_type)
-    if tuned_ms > dense_ms:
-        _LOG.warning("the tuned model took %.4g ms, %s on every layer %.4g ms: every tuned layer now runs %s",
-                     tuned_ms, dense, dense_ms, dense)
-        return ModelCheck(tuned_ms, dense_ms, dense, "dense", tuned_eager_ms, dense_eager_ms)
-    for name, state in chosen.items():
-        tuned[name]._restore_backend(state)
-    check = ModelCheck(tuned_ms, dense_ms, dense, "tuned", tuned_eager_ms, dense_eager_ms)
-    if check.slower_in_eager:
-        _LOG.warning("in eager mode the tuned model takes %.4g ms per call, %s on every layer %.4g ms: its "
-                     "kernel launches are CPU-bound; run it under CUDA graphs or torch.compile, or tune "
-                     "with run_mode='eager' (GPU work %.4g ms against %.4g ms)", tuned_eager_ms, dense, dense_eager_ms, tuned_ms, dense_ms)
-    return check
-
-
-def _eager_ms(run: Callable[[], object], device_type: str) -> Optional[float]:
-    """Wall ms per call of 10 back-to-back eager calls (CUDA only, else None): unlike the GPU-time
-    medians, this includes the CPU cost of issuing the work."""
-    return eager_wall_ms(run, "cuda") if device_type == "cuda" else None
+                      [name for name in batch_inner if is_batch_inner(tuned[name])], layout_ms, run_mode)
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):
