@@ -119,12 +119,7 @@ def benchmark(fn: Callable[[], object], device: torch.device | str, warmup_ms: f
     return _quantiles(_time_cpu(fn, warmup_ms, rep_ms, min_rep, 200 if max_rep is None else max_rep))
 
 
-def eager_wall_ms(fn: Callable[[], object], device: torch.device | str, calls: int = 10, repeats: int = 1) -> float:
-    """Wall milliseconds per call of `calls` back-to-back calls of `fn()` after one untimed call;
-    the median of `repeats` such groups. On CUDA the device is synchronised around each group only,
-    so a call costs max(the CPU's time to issue its work, the GPU's time to run it), as in an eager
-    loop. No L2 flush: back-to-back calls are what such a loop makes."""
-    device = torch.device(device)
+def _eager_group_ms(fn: Callable[[], object], device: torch.device, calls: int, repeats: int) -> List[float]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fn()
     groups = []
@@ -135,7 +130,22 @@ def eager_wall_ms(fn: Callable[[], object], device: torch.device | str, calls: i
             fn()
         sync()
         groups.append(1e3 * (time.perf_counter() - start) / calls)
-    return statistics.median(groups)
+    return groups
+
+
+def eager_wall_ms(fn: Callable[[], object], device: torch.device | str, calls: int = 10, repeats: int = 1) -> float:
+    """Wall milliseconds per call of `calls` back-to-back calls of `fn()` after one untimed call;
+    the median of `repeats` such groups. On CUDA the device is synchronised around each group only,
+    so a call costs max(the CPU's time to issue its work, the GPU's time to run it), as in an eager
+    loop. No L2 flush: back-to-back calls are what such a loop makes."""
+    return statistics.median(_eager_group_ms(fn, torch.device(device), calls, repeats))
+
+
+def eager_benchmark(fn: Callable[[], object], device: torch.device | str, calls: int = 10,
+                    repeats: int = 10) -> Dict[str, float]:
+    """{"median_ms", "p20_ms", "p80_ms"} over `repeats` groups of `eager_wall_ms`: how fast an eager
+    loop calls `fn`, CPU launch costs included (which `benchmark`'s flush before each call hides)."""
+    return _quantiles(_eager_group_ms(fn, torch.device(device), calls, repeats))
 
 
 def time_one_call(fn: Callable[[], object], device: torch.device | str, hide_launch: bool = False) -> float:

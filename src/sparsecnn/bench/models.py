@@ -1,9 +1,11 @@
 """Whole-model benchmark: the pruned model run densely by cuDNN, then sparsified, in several modes.
 
-Modes: "eager" (plain calls), "cudagraph" (captured once with `torch.cuda.CUDAGraph` after a warm-up on
-a side stream, timed as `graph.replay()`; CUDA only, skipped with a note elsewhere) and "compile"
-(`torch.compile`: the dense model with `compile_mode`, "max-autotune" by default, which also fuses
-BatchNorm and ReLU; the sparse model in the default mode). The sparse model is first simplified
+Modes: "eager" (plain calls, timed as wall time of back-to-back calls: the CPU's launch cost
+counts, as in an eager loop; `autotune.timing.eager_benchmark`), "cudagraph" (captured once with
+`torch.cuda.CUDAGraph` after a warm-up on a side stream, timed as `graph.replay()`; CUDA only,
+skipped with a note elsewhere) and "compile" (`torch.compile`: the dense model with `compile_mode`,
+"max-autotune" by default, which also fuses BatchNorm and ReLU; the sparse model in the default
+mode). The sparse model is first simplified
 for inference (`nn.prepare_for_inference`: BatchNorm folded, ReLU and residual adds fused into the
 convs), then tuned (`sparsify_`). Every row's `rel_err` compares that mode's output with the masked
 model run in float64 on the same input.
@@ -22,6 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..autotune import benchmark
+from ..autotune.timing import eager_benchmark
 from ..backends import config_to_dict, get_backend
 from ..kernels.reference import relative_error
 from ..models import build_model, default_input_shape
@@ -162,7 +165,8 @@ def _time_modes(model: nn.Module, x: torch.Tensor, ref: torch.Tensor, modes: Seq
                 tqdm.write(f"mode cudagraph skipped: capture failed: {error}")
                 continue
             err = relative_error(once(), ref)
-            results.append((mode, {**benchmark(timed, x.device, **timing), "rel_err": err}))
+            stats = eager_benchmark(timed, x.device) if mode == "eager" else benchmark(timed, x.device, **timing)
+            results.append((mode, {**stats, "rel_err": err}))
     return results
 
 
@@ -218,7 +222,7 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     then the model after `sparsify_(..., backend=backend)` (row backend = `backend`, "auto" included;
     `config` = each layer's chosen backend and config) in each mode. pattern/sparsity: see
     `_pruned_model`; with `checkpoint` the weights come from that state dict instead. dtype: "fp32"
-    (TF32 off), "tf32", "fp16", "bf16". timing: keyword arguments for `autotune.benchmark`.
+    (TF32 off), "tf32", "fp16", "bf16". timing: keyword arguments for `autotune.benchmark` (modes other than eager).
     compile_mode: `torch.compile`'s mode for the dense model in mode "compile" (None: default).
     backends: with backend "auto", the only sparse backends tuning may pick (None: all; the sparse
     row's config records it). run_mode: what tuning times (`autotune_model`; the row's config
