@@ -17,6 +17,7 @@ import time
 import torch
 
 from profile_model_kernels import model_parser, tuned_model  # this folder is on sys.path
+from sparsecnn.autotune.timing import eager_wall_ms
 from sparsecnn.kernels.triton import launch
 
 
@@ -31,15 +32,6 @@ def _cpu_ms_per_call(model: torch.nn.Module, x: torch.Tensor, calls: int) -> flo
     return 1e3 * issued / calls
 
 
-def _wall_ms_per_call(model: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        model(x)
-    torch.cuda.synchronize()
-    return 1e3 * (time.perf_counter() - start) / calls
-
-
 def main() -> None:
     parser = model_parser(__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50)
@@ -50,7 +42,8 @@ def main() -> None:
             sparse(x)
         for enabled in (False, True, False, True):  # the same process: Triton's launches vs ours
             launch.ENABLED = enabled
-            wall, issue = _wall_ms_per_call(sparse, x, args.calls), _cpu_ms_per_call(sparse, x, args.calls)
+            wall = eager_wall_ms(lambda: sparse(x), x.device, args.calls)
+            issue = _cpu_ms_per_call(sparse, x, args.calls)
             print(f"fast launches {'on ' if enabled else 'off'}: eager wall {wall:.3f} ms/call, "
                   f"CPU issue {issue:.3f} ms/call", flush=True)
         profiler = cProfile.Profile()

@@ -5,10 +5,9 @@ counts, as in an eager loop; `autotune.timing.eager_benchmark`), "cudagraph" (ca
 `torch.cuda.CUDAGraph` after a warm-up on a side stream, timed as `graph.replay()`; CUDA only,
 skipped with a note elsewhere) and "compile" (`torch.compile`: the dense model with `compile_mode`,
 "max-autotune" by default, which also fuses BatchNorm and ReLU; the sparse model in the default
-mode). The sparse model is first simplified
-for inference (`nn.prepare_for_inference`: BatchNorm folded, ReLU and residual adds fused into the
-convs), then tuned (`sparsify_`). Every row's `rel_err` compares that mode's output with the masked
-model run in float64 on the same input.
+mode). The sparse model is first simplified for inference (`nn.prepare_for_inference`: BatchNorm
+folded, ReLU and residual adds fused into the convs), then tuned (`sparsify_`). Every row's
+`rel_err` compares that mode's output with the masked model run in float64 on the same input.
 """
 from __future__ import annotations
 

@@ -107,4 +107,3 @@ def _eager_ms(run: Callable[[], object], device_type: str) -> Optional[float]:
     """Wall ms per call of 10 back-to-back eager calls (CUDA only, else None): unlike the GPU-time
     medians, this includes the CPU cost of issuing the work."""
     return eager_wall_ms(run, "cuda") if device_type == "cuda" else None
-
