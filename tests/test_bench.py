@@ -151,6 +151,20 @@ def test_bench_model_lenet5():
     assert choices["conv_ms"] > 0 and choices["dense_conv_ms"] > 0
 
 
+def test_bench_model_compiles_dense_and_sparse_models_in_the_same_mode(monkeypatch):
+    compiled_modes = []
+
+    def recording_compile(model, mode=None, **kwargs):
+        compiled_modes.append(mode)
+        return model
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    rows = bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.8, pattern="random", device="cpu",
+                       modes=("compile",), progress=False, timing=FAST, compile_mode="reduce-overhead")
+    assert compiled_modes == ["reduce-overhead", "reduce-overhead"]
+    assert [(row["backend"], row["mode"]) for row in rows] == [("cudnn", "compile"), ("auto", "compile")]
+
+
 def test_bench_model_limits_tuning_to_the_named_backends():
     rows = bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.8, pattern="random", device="cpu",
                        modes=("eager",), progress=False, timing=FAST, backends=["im2col-cublas"])

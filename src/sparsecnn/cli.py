@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_model.add_argument("--backend", default="auto")
     bench_model.add_argument("--modes", default="eager,cudagraph", help="comma-separated: eager,cudagraph,compile")
     bench_model.add_argument("--compile-mode", default="max-autotune",
-                             help="torch.compile mode of the dense model in mode 'compile' ('default' for none)")
+                             help="torch.compile mode of both models in mode 'compile' ('default' for none)")
     bench_model.add_argument("--checkpoint", default=None, help="state_dict with pruned weights")
     bench_model.add_argument("--backends", default=None,
                              help="with --backend auto: comma-separated sparse backends tuning may pick (default all)")

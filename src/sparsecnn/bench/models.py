@@ -3,9 +3,9 @@
 Modes: "eager" (plain calls, timed as wall time of back-to-back calls: the CPU's launch cost
 counts, as in an eager loop; `autotune.timing.eager_benchmark`), "cudagraph" (captured once with
 `torch.cuda.CUDAGraph` after a warm-up on a side stream, timed as `graph.replay()`; CUDA only,
-skipped with a note elsewhere) and "compile" (`torch.compile`: the dense model with `compile_mode`,
-"max-autotune" by default, which also fuses BatchNorm and ReLU; the sparse model in the default
-mode). The sparse model is first simplified for inference (`nn.prepare_for_inference`: BatchNorm
+skipped with a note elsewhere) and "compile" (`torch.compile` with `compile_mode`, "max-autotune"
+by default, for the dense and the sparse model alike: inductor fuses the dense model's BatchNorm
+and ReLU, and the ops around the sparse model's convs, which are opaque custom ops to it). The sparse model is first simplified for inference (`nn.prepare_for_inference`: BatchNorm
 folded, ReLU and residual adds fused into the convs), then tuned (`sparsify_`). Every row's
 `rel_err` compares that mode's output with the masked model run in float64 on the same input.
 """
@@ -222,7 +222,7 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     `config` = each layer's chosen backend and config) in each mode. pattern/sparsity: see
     `_pruned_model`; with `checkpoint` the weights come from that state dict instead. dtype: "fp32"
     (TF32 off), "tf32", "fp16", "bf16". timing: keyword arguments for `autotune.benchmark` (modes other than eager).
-    compile_mode: `torch.compile`'s mode for the dense model in mode "compile" (None: default).
+    compile_mode: `torch.compile`'s mode for both models in mode "compile" (None: default).
     backends: with backend "auto", the only sparse backends tuning may pick (None: all; the sparse
     row's config records it). run_mode: what tuning times (`autotune_model`; the row's config
     records it).
@@ -239,9 +239,8 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     rows = []
     for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
         runnable, x_cast, config = _variant(model, x, dtype, variant, backends, run_mode)
-        dense_compile_mode = compile_mode if variant == CUDNN else None
         rows += [_row(base, variant, config, mode, stats)
-                 for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, dense_compile_mode)]
+                 for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, compile_mode)]
         del runnable, x_cast
         free_memory(device)
     return rows
