@@ -52,8 +52,9 @@ def main() -> None:
     parser.add_argument("--layers", default=LAYERS)
     args = parser.parse_args()
     device = torch.device("cuda")
-    timing = {"warmup_ms": 10.0, "rep_ms": 50.0}
-    base = {"run": new_run_id(), "kind": "layer", **environment(device), "suite": "resnet50", "mode": "gpu"}
+    timing = {"warmup_ms": 10.0, "rep_ms": 50.0, "hide_launch": True}
+    base = {"run": new_run_id(), "kind": "layer", **environment(device), "suite": "resnet50", "model": None,
+            "mode": "gpu"}
     run = _Run({**base, "sparsity": 0.9}, "dlmc-magnitude_pruning", "fp32", device, 0, timing,
                measure_ceilings(device), "auto", print)
     dense_run = _Run({**base, "sparsity": 0.0}, "random", "fp32", device, 0, timing, run.ceilings, "auto", print)
