@@ -111,6 +111,31 @@ def batch_for(config, default=3):
     return 2 * config.sub_batch if config.variant == "batch" else default
 
 
+def batch_inner(x):
+    """x (N, C, H, W) copied into the batch-innermost layout (strides (1, H*W*N, W*N, N))."""
+    from sparsecnn.kernels.triton.direct_batch import batch_inner_view
+
+    return batch_inner_view(x.shape, x.dtype, x.device).copy_(x)
+
+
+def count_packs(monkeypatch):
+    """The paddings of the `padded_batch_inner` calls the direct launcher makes from now on."""
+    calls, real = [], triton_kernels.padded_batch_inner
+    monkeypatch.setattr(triton_kernels, "padded_batch_inner", lambda x, *pad: calls.append(pad) or real(x, *pad))
+    return calls
+
+
+def pack_path(x, packed, bias, stride, padding, config, relu=False, residual=None):
+    """Variant "batch" on x through the pack path whatever x's layout (`weight_arrays` without masked
+    codes), into an output poisoned with NaN."""
+    k, _, r, s = packed.kernel_shape
+    spec = ConvSpec(x.shape[0], x.shape[1], k, x.shape[2], x.shape[3], r, s, stride, padding)
+    arrays = triton_kernels.weight_arrays(packed, spec.H + 2 * spec.padding[0], spec.W + 2 * spec.padding[1])
+    out = torch.full(spec.output_shape, float("nan"), dtype=x.dtype, device=x.device)
+    return triton_kernels.direct_conv2d_arrays(x, *arrays, packed.kernel_shape, bias, stride, padding, config,
+                                               relu=relu, residual=residual, out=out)
+
+
 def config_id(config):
     return (f"{config.variant}-p{config.block_pix}-k{config.block_k}-sb{config.sub_batch}"
             f"-w{config.num_warps}-s{config.num_stages}-c{config.chunk}")
@@ -201,6 +226,30 @@ def test_format_errors():
         UniformELLWeight.from_dense(torch.zeros(3, 3))
     with pytest.raises(ValueError, match="weight"):
         OffsetCSRWeight.from_dense(torch.zeros(2, 2, 2, 2, dtype=torch.int32))
+
+
+def test_masked_codes_decode_cache_and_fit():
+    weight = sparse_weight(7, 3, 5, 5, 0.6, zero_channels=(2,))
+    fmt = ChunkedCSRWeight.from_dense(weight, 8)
+    height, width, pad_h, pad_w = 11, 7, 2, 1
+    codes = fmt.masked_codes(height, width, pad_h, pad_w)
+    assert codes.dtype == torch.int32 and codes.shape == fmt.cols.shape
+    assert fmt.masked_codes(height, width, pad_h, pad_w) is codes                # cached,
+    assert fmt.masked_codes(height, width, pad_w, pad_h) is not codes            # per padding,
+    assert fmt.offsets(height + 2 * pad_h, width + 2 * pad_w).shape == codes.shape  # beside the offsets
+    r, s, off = (codes >> 3) & 7, codes & 7, codes >> 6   # torch's >> on int32 is arithmetic, as Triton's
+    c, rs = fmt.cols.long() // 25, fmt.cols.long() % 25
+    assert torch.equal(r.long(), rs // 5) and torch.equal(s.long(), rs % 5)
+    assert torch.equal(off.long(), c * height * width + (r.long() - pad_h) * width + (s.long() - pad_w))
+    assert (off < 0).any()  # taps above the image: negative offsets survive the encoding
+
+    def codes_of(c, r, s, height, width, pad_h, pad_w):
+        return ChunkedCSRWeight.from_dense(sparse_weight(2, c, r, s, 0.5), 8).masked_codes(height, width, pad_h, pad_w)
+
+    assert codes_of(1, 9, 3, 13, 13, 4, 1) is None and codes_of(1, 3, 9, 13, 13, 1, 4) is None  # r, s in 3 bits
+    assert codes_of(1, 8, 8, 13, 13, 4, 4) is not None
+    # |off| * 64 + 63 within int32: 1023 * 181 * 181 + 182 fits, 1023 * 182 * 182 + 183 does not
+    assert codes_of(1024, 3, 3, 181, 181, 1, 1) is not None and codes_of(1024, 3, 3, 182, 182, 1, 1) is None
 
 
 # --- configs ------------------------------------------------------------------------
@@ -365,6 +414,95 @@ def test_padded_batch_inner_matches_torch(layout, pad):
     assert got.is_contiguous() and torch.equal(got, want)
 
 
+# (N, C, H, W, kernel, stride, padding, weight sparsity, epilogue): every padding 1..3 with 3x3,
+# 5x5 and 7x7 kernels, taps wholly outside the image (3x3 with padding 3) and a rectangular padding.
+MASKED_CASES = [
+    (4, 3, 13, 13, 3, 1, 1, 0.5, "bias"),
+    (8, 5, 11, 7, 3, 2, 3, 0.8, "bias-relu-residual"),
+    (4, 5, 13, 13, 5, 2, 2, 0.9, "plain"),
+    (8, 3, 11, 7, 5, 1, 1, 0.7, "relu"),
+    (4, 3, 13, 13, 7, 1, 3, 0.95, "bias-relu"),
+    (8, 5, 11, 7, 7, 2, (3, 1), 0.6, "residual"),
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", MASKED_CASES, ids=lambda case: "N{}-C{}-{}x{}-k{}-s{}-p{}-{}-{}".format(*case))
+def test_masked_batch_path(case, monkeypatch):
+    """Variant "batch" reads a batch-innermost padded input unpadded, with masked loads (no pack),
+    for every "batch" candidate of the layer: within 1e-5 of fp64, and bitwise equal to the pack
+    path on the same input (the same FMAs in the same order: a masked tap adds w * 0 as the
+    padding's zero does)."""
+    n, c, h, w, kernel, stride, padding, sparsity, epilogue = case
+    spec = ConvSpec(n, c, 33, h, w, kernel, kernel, stride, padding)
+    case_id = MASKED_CASES.index(case)
+    weight = sparse_weight(33, c, kernel, kernel, sparsity, zero_channels=(5,), seed=case_id)
+    bias = torch.randn(33) if "bias" in epilogue else None
+    residual = inputs(*spec.output_shape, seed=3) if "residual" in epilogue else None
+    relu = "relu" in epilogue
+    x = batch_inner(inputs(n, c, h, w, seed=case_id))
+    want = expected(x, weight, bias, stride, padding) + (0 if residual is None else residual.double())
+    want = want.clamp(min=0) if relu else want
+    configs = [config for config in candidate_configs(spec) if config.variant == "batch"]
+    assert configs
+    packs = count_packs(monkeypatch)
+    for config in configs:
+        packed = pack(weight, config)
+        out = torch.full(spec.output_shape, float("nan"))
+        masked = direct_conv2d(x, packed, bias, stride, padding, config, relu=relu, residual=residual, out=out)
+        assert packs == []
+        err = relative_error(masked, want)
+        assert err < 1e-5, f"{config}: relative error {err:.2e}"
+        assert torch.equal(masked[:, 5], want[:, 5].float())  # the all-zero channel: act(bias + residual)
+        assert torch.equal(masked, pack_path(x, packed, bias, stride, padding, config, relu, residual)), config
+        assert packs == [spec.padding]
+        packs.clear()
+
+
+@needs_interpreter
+def test_only_inputs_not_batch_innermost_are_packed(monkeypatch):
+    """`direct_conv2d` and the backend's bound call (its checked first call, then its plan) never
+    launch the pack for a batch-innermost padded input; an NCHW input still needs it."""
+    spec = ConvSpec(4, 3, 33, 11, 7, 3, 3, 1, 1)
+    weight = sparse_weight(33, 3, 3, 3, 0.8, zero_channels=(2,))
+    config = next(c for c in candidate_configs(spec) if c.variant == "batch")
+    backend = get_backend("direct")
+    call = backend.bind(backend.prepare(weight, config), spec, config, torch.float32, False)
+    x = inputs(4, 3, 11, 7)
+    want = expected(x, weight, None, 1, 1)
+
+    def no_pack(*args):
+        raise AssertionError("padded_batch_inner called")
+
+    monkeypatch.setattr(triton_kernels, "padded_batch_inner", no_pack)
+    assert relative_error(direct_conv2d(batch_inner(x), pack(weight, config), None, 1, 1, config), want) < 1e-5
+    for attempt in range(2):
+        assert relative_error(call(batch_inner(x)), want) < 1e-5, attempt
+        assert call.eager._plan is not None
+    with pytest.raises(AssertionError, match="padded_batch_inner called"):
+        call(x)
+    with pytest.raises(AssertionError, match="padded_batch_inner called"):
+        direct_conv2d(x, pack(weight, config), None, 1, 1, config)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("reason", ["int32", "kernel-9x3"])
+def test_masked_codes_that_do_not_fit_fall_back_to_the_pack(reason, monkeypatch):
+    kernel, padding = ((3, 3), (1, 1)) if reason == "int32" else ((9, 3), (4, 1))
+    if reason == "int32":  # codes up to (2*11*7 + 7 + 1) * 64 + 63 = 10431; offsets up to 3*13*9
+        monkeypatch.setattr("sparsecnn.formats.ell._INT32_MAX", 5000)
+    weight = sparse_weight(33, 3, *kernel, 0.7, zero_channels=(4,))
+    bias = torch.randn(33)
+    config = DirectConfig(32, 1, 4, 1, 1, "batch", 8)
+    packed = pack(weight, config)
+    assert packed.masked_codes(11, 7, *padding) is None
+    packs = count_packs(monkeypatch)
+    x = batch_inner(inputs(4, 3, 11, 7))
+    y = direct_conv2d(x, packed, bias, 1, padding, config, out=torch.full((4, 33, 11, 7), float("nan")))
+    assert packs == [padding]
+    assert relative_error(y, expected(x, weight, bias, 1, padding)) < 1e-5
+
+
 @needs_interpreter
 def test_batch_variant_errors():
     weight = ChunkedCSRWeight.from_dense(sparse_weight(33, 3, 3, 3, 0.8), 8)
@@ -502,13 +640,14 @@ def test_gpu_zero_weight_and_conv1d():
 @pytest.mark.parametrize("batch", [32, 8])
 def test_gpu_batch_variant(dtype, batch):
     """Every "batch" candidate of a batch of 32 or 8 (vector loads on the GPU), NCHW and
-    batch-innermost input and output, odd shapes, fused residual and ReLU."""
+    batch-innermost input and output, odd shapes, fused residual and ReLU. A padded batch-innermost
+    input takes the masked path: bitwise equal to the pack path on it."""
     from sparsecnn.kernels.triton.direct_batch import batch_inner_view
 
-    weight = sparse_weight(33, 19, 3, 3, 0.9, zero_channels=(4,), device="cuda").to(dtype)
     bias = torch.randn(33, device="cuda").to(dtype)
-    for stride, padding in ((1, 1), (2, 0), (1, 3)):
-        spec = ConvSpec(batch, 19, 33, 13, 13, 3, 3, stride, padding)
+    for kernel, stride, padding in ((3, 1, 1), (3, 2, 0), (3, 1, 3), (5, 2, 2), (7, 1, (3, 1))):
+        weight = sparse_weight(33, 19, kernel, kernel, 0.9, zero_channels=(4,), device="cuda").to(dtype)
+        spec = ConvSpec(batch, 19, 33, 13, 13, kernel, kernel, stride, padding)
         x = inputs(batch, 19, 13, 13, device="cuda", dtype=dtype)
         residual = inputs(*spec.output_shape, seed=2, device="cuda", dtype=dtype)
         ref = (expected(x, weight, bias, stride, padding) + residual.double()).clamp(min=0)
@@ -525,7 +664,10 @@ def test_gpu_batch_variant(dtype, batch):
                 out = (batch_inner_view(spec.output_shape, dtype, x.device) if inner
                        else torch.empty(spec.output_shape, dtype=dtype, device="cuda")).fill_(float("nan"))
                 direct_conv2d(source, packed, bias, stride, padding, config, relu=True, residual=residual, out=out)
-                assert relative_error(out, ref) <= limit, (config, stride, padding, inner)
+                assert relative_error(out, ref) <= limit, (config, kernel, stride, padding, inner)
+                if inner and spec.padding != (0, 0):
+                    padded = pack_path(source, packed, bias, stride, padding, config, True, residual)
+                    assert torch.equal(out, padded), (config, kernel, stride, padding)
 
 
 def test_chunked_rows_pad_to_the_chunk_and_decode():

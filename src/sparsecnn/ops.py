@@ -7,10 +7,11 @@ tensors (each backend's `bind` lists them), a kernel config as the JSON of its d
 (`config_json`). Every op returns a new (N, K, P, Q) tensor of x's dtype, contiguous but where its
 entry below says otherwise.
 
-    direct_conv2d(x, values, offsets, row_ptr?, row_order?, bias?, residual?, kernel_shape,
+    direct_conv2d(x, values, offsets, row_ptr?, row_order?, codes?, bias?, residual?, kernel_shape,
                   padded_hw, stride, padding, config, relu)
         the direct kernel (kernels/triton/direct_conv.py) with its fused epilogue
-        act(conv + bias + residual); the tensors of `direct_conv.weight_arrays`.
+        act(conv + bias + residual); the tensors of `direct_conv.weight_arrays` (codes: variant
+        "batch" with padding reads a batch-innermost x unpadded with them).
     blocks_conv2d(x, rows, dense_start, dense_offsets, dense_values, ell_start, ell_offsets,
                   ell_values, bias?, residual?, kernel_shape, padded_hw, stride, padding, config, relu)
         the blocks kernel (kernels/triton/blocks_conv.py), same epilogue; `blocks_conv.weight_arrays`.
@@ -108,23 +109,23 @@ def _direct_config(text: str):
 
 def direct_conv2d_eager(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
                         row_ptr: Optional[torch.Tensor], row_order: Optional[torch.Tensor],
-                        bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], kernel_shape: List[int],
-                        padded_hw: List[int], stride: List[int], padding: List[int], config: str,
-                        relu: bool) -> torch.Tensor:
+                        codes: Optional[torch.Tensor], bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                        kernel_shape: List[int], padded_hw: List[int], stride: List[int], padding: List[int],
+                        config: str, relu: bool) -> torch.Tensor:
     """act(direct sparse conv(x) + bias + residual) -> (N, K, P, Q); see the module docstring."""
     from .kernels.triton.direct_conv import direct_conv2d_arrays
 
     _check_padded_hw(x, padded_hw, padding)
-    return direct_conv2d_arrays(x, values, offsets, row_ptr, row_order, tuple(kernel_shape), bias, tuple(stride),
-                                tuple(padding), _direct_config(config), relu=relu, residual=residual)
+    return direct_conv2d_arrays(x, values, offsets, row_ptr, row_order, codes, tuple(kernel_shape), bias,
+                                tuple(stride), tuple(padding), _direct_config(config), relu=relu, residual=residual)
 
 
 direct_conv2d = custom_op("sparsecnn::direct_conv2d", direct_conv2d_eager, mutates_args=())
 
 
 @register_fake("sparsecnn::direct_conv2d")
-def _direct_conv2d_fake(x, values, offsets, row_ptr, row_order, bias, residual, kernel_shape, padded_hw, stride,
-                        padding, config, relu):
+def _direct_conv2d_fake(x, values, offsets, row_ptr, row_order, codes, bias, residual, kernel_shape, padded_hw,
+                        stride, padding, config, relu):
     from .kernels.triton.direct_conv import new_output
 
     contiguous = _fake_output(x, residual, kernel_shape, stride, padding)

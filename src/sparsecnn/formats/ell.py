@@ -15,11 +15,14 @@ The kernel pads the input once instead of bounds-checking every load: a check co
 instructions per multiply-add in the inner loop (two adds, two compares), doubling its work,
 while padding costs one extra pass over the input. As the offsets depend on (Hp, Wp), the formats
 keep the column index c*R*S + r*S + s and expand offsets per input size on first use (cached).
+The exception: `ChunkedCSRWeight.masked_codes`, offsets into the unpadded input with the tap
+(r, s) alongside, for the batch-innermost kernel's masked path (kernels/triton/direct_batch.py),
+whose loop is bound by L2 rather than by instructions.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -51,6 +54,30 @@ def expand_offsets(cols: torch.Tensor, kernel_shape: Tuple[int, int, int, int], 
     return (c * (height * width) + (rs // kw) * width + rs % kw).to(torch.int32)
 
 
+def masked_codes(cols: torch.Tensor, kernel_shape: Tuple[int, int, int, int], height: int, width: int,
+                 pad_h: int, pad_w: int) -> Optional[torch.Tensor]:
+    """Column indices c*R*S + r*S + s -> int32 codes off * 64 + r * 8 + s, where off = c*height*width
+    + (r - pad_h)*width + (s - pad_w) is the tap's offset in the unpadded height x width input (may
+    be negative); a kernel decodes r = (code >> 3) & 7, s = code & 7, off = code >> 6 (arithmetic
+    shift) and masks the taps outside the image. cols: int32, any shape; the codes have its shape.
+
+    None when they cannot hold the layer: R or S > 8, or some (c, r, s) of the kernel shape whose
+    |off| * 64 + 63 exceeds int32 (a bound on the shape, so the answer does not depend on the weight's
+    pattern and needs no device sync).
+    """
+    _, channels, kh, kw = kernel_shape
+    if kh > 8 or kw > 8:
+        return None
+    largest = max(pad_h * width + pad_w, (channels - 1) * height * width + (kh - 1 - pad_h) * width + kw - 1 - pad_w)
+    if largest * 64 + 63 > _INT32_MAX:
+        return None
+    cols = cols.long()
+    c, rs = cols // (kh * kw), cols % (kh * kw)
+    r, s = rs // kw, rs % kw
+    off = c * (height * width) + (r - pad_h) * width + (s - pad_w)
+    return (off * 64 + r * 8 + s).to(torch.int32)
+
+
 def padding_overhead(row_nnz: torch.Tensor) -> float:
     """Slots uniform-width rows add per real non-zero: (K * max - sum) / sum (0 when all empty).
 
@@ -65,14 +92,17 @@ def padding_overhead(row_nnz: torch.Tensor) -> float:
 class _OffsetCache:
     """Input offsets per (padded) input size, expanded from the columns once per size."""
 
-    _offsets: Dict[Tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict, repr=False,
-                                                                       compare=False, kw_only=True)
+    _offsets: Dict[Tuple, Optional[torch.Tensor]] = dataclasses.field(default_factory=dict, repr=False,
+                                                                      compare=False, kw_only=True)
 
     def offsets(self, height: int, width: int) -> torch.Tensor:
         """int32 input offsets for a (padded) height x width input (see `_expand_offsets`)."""
         key = (int(height), int(width))
+        return self._cached(key, lambda: self._expand_offsets(*key))
+
+    def _cached(self, key: Tuple, build: Callable[[], Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
         if key not in self._offsets:
-            self._offsets[key] = self._expand_offsets(*key)
+            self._offsets[key] = build()
         return self._offsets[key]
 
     def _expand_offsets(self, height: int, width: int) -> torch.Tensor:
@@ -263,6 +293,12 @@ class ChunkedCSRWeight(_OffsetCache):
     def _expand_offsets(self, height: int, width: int) -> torch.Tensor:
         """int32 (slots,)."""
         return expand_offsets(self.cols, self.kernel_shape, height, width)
+
+    def masked_codes(self, height: int, width: int, pad_h: int, pad_w: int) -> Optional[torch.Tensor]:
+        """int32 (slots,) `masked_codes` for an unpadded height x width input and this padding, or None
+        when they do not fit; cached per (size, padding) beside the offsets."""
+        key = ("masked", int(height), int(width), int(pad_h), int(pad_w))
+        return self._cached(key, lambda: masked_codes(self.cols, self.kernel_shape, *key[1:]))
 
     def to_dense(self) -> torch.Tensor:
         """The float32 (K, C, R, S) weight."""

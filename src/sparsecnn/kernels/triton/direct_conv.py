@@ -361,11 +361,17 @@ def check_weight_variant(weight: DirectWeight, config: DirectConfig) -> None:
 
 
 def _check_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, row_ptr: Optional[torch.Tensor],
-                  row_order: Optional[torch.Tensor], kernel_k: int, config: DirectConfig) -> None:
+                  row_order: Optional[torch.Tensor], codes: Optional[torch.Tensor], kernel_k: int,
+                  config: DirectConfig) -> None:
     """The packed tensors `weight_arrays` gives for config.variant, on x's device."""
     if values.dtype != torch.float32 or offsets.dtype != torch.int32 or values.shape != offsets.shape:
         raise ValueError(f"values must be float32 and offsets int32 of one shape, got {values.dtype} "
                          f"{tuple(values.shape)} and {offsets.dtype} {tuple(offsets.shape)}")
+    if codes is not None and (config.variant != "batch" or codes.dtype != torch.int32 or codes.shape != values.shape
+                              or codes.device != x.device):
+        raise ValueError(f"codes are for variant 'batch' only, int32 of the values' shape {tuple(values.shape)} on "
+                         f"{x.device}, got {codes.dtype} {tuple(codes.shape)} on {codes.device} with variant "
+                         f"{config.variant!r}")
     ell = config.variant == "ell"
     if values.dim() != (2 if ell else 1) or (ell and values.shape[0] != kernel_k):
         raise ValueError(f"variant {config.variant!r} needs {'(K, L)' if ell else '1-D'} values with K={kernel_k}, "
@@ -451,20 +457,30 @@ def default_config(spec: ConvSpec, dtype: torch.dtype, variant: Optional[str] = 
     return next((c for c in configs if variant in (None, c.variant)), configs[0])
 
 
-WeightArrays = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
+WeightArrays = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor],
+                     Optional[torch.Tensor]]
 
 
-def weight_arrays(weight: DirectWeight, padded_h: int, padded_w: int) -> WeightArrays:
-    """(values, offsets, row_ptr, row_order): the tensors the kernel reads for a padded input of
-    padded_h x padded_w (H + 2 pad_h, W + 2 pad_w); row_ptr is None for "ell", row_order except for "csr".
+def weight_arrays(weight: DirectWeight, padded_h: int, padded_w: int,
+                  masked_padding: Tuple[int, int] = (0, 0)) -> WeightArrays:
+    """(values, offsets, row_ptr, row_order, codes): the tensors the kernel reads for a padded input
+    of padded_h x padded_w (H + 2 pad_h, W + 2 pad_w); row_ptr is None for "ell", row_order except
+    for "csr"; codes are None unless masked_padding (variant "batch": pass its padding) is non-zero.
 
     values float32 and offsets int32 ((K, L) views for "ell", (slots,) or (nnz,) otherwise); row_ptr
-    int32 (K + 1,); row_order int32 (K,). The offsets are cached on the weight per input size.
+    int32 (K + 1,); row_order int32 (K,); codes int32 (slots,): the `ChunkedCSRWeight.masked_codes`
+    of the unpadded H x W input, with which "batch" reads a batch-innermost input without padding it
+    (None where they do not fit int32: that input is padded). Offsets and codes are cached on the
+    weight per input size.
     """
     offsets = weight.offsets(padded_h, padded_w)
     variant = variant_of(weight)
     row_ptr = None if variant == "ell" else weight.row_ptr
-    return weight.values, offsets, row_ptr, weight.row_order if variant == "csr" else None
+    pad_h, pad_w = masked_padding
+    codes = None
+    if pad_h or pad_w:
+        codes = weight.masked_codes(padded_h - 2 * pad_h, padded_w - 2 * pad_w, pad_h, pad_w)
+    return weight.values, offsets, row_ptr, weight.row_order if variant == "csr" else None, codes
 
 
 def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Tensor] = None,
@@ -491,28 +507,31 @@ def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Te
         spec = ConvSpec(n, c, kernel_k, h, w, kernel_r, kernel_s, (sh, sw), (ph, pw))
         config = default_config(spec, x.dtype, variant_of(weight))
     check_weight_variant(weight, config)
-    arrays = weight_arrays(weight, x.shape[2] + 2 * ph, x.shape[3] + 2 * pw)
+    arrays = weight_arrays(weight, x.shape[2] + 2 * ph, x.shape[3] + 2 * pw,
+                           (ph, pw) if config.variant == "batch" else (0, 0))
     return direct_conv2d_arrays(x, *arrays, weight.kernel_shape, bias, (sh, sw), (ph, pw), config, relu=relu,
                                 residual=residual, out=out)
 
 
 def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
                          row_ptr: Optional[torch.Tensor], row_order: Optional[torch.Tensor],
-                         kernel_shape: Tuple[int, int, int, int], bias: Optional[torch.Tensor], stride, padding,
-                         config: DirectConfig, *, relu: bool = False, residual: Optional[torch.Tensor] = None,
-                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         codes: Optional[torch.Tensor], kernel_shape: Tuple[int, int, int, int],
+                         bias: Optional[torch.Tensor], stride, padding, config: DirectConfig, *, relu: bool = False,
+                         residual: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`direct_conv2d` on a packed weight's tensors (what `weight_arrays` returns for this input's
-    padded size; the offsets must be for exactly H + 2 pad_h x W + 2 pad_w): the launcher the
-    torch.library op `sparsecnn::direct_conv2d` binds. kernel_shape: the weight's (K, C, R, S).
+    padded size and, for codes, padding; offsets and codes must be for exactly that size): the
+    launcher the torch.library op `sparsecnn::direct_conv2d` binds. kernel_shape: the weight's
+    (K, C, R, S).
     """
-    spec = _checked_spec(x, (values, offsets, row_ptr, row_order), kernel_shape, stride, padding, config)
+    arrays = (values, offsets, row_ptr, row_order, codes)
+    spec = _checked_spec(x, arrays, kernel_shape, stride, padding, config)
     _check_bias(bias, spec.K, x)
     check_residual(residual, spec.output_shape, x)
     if out is None:
         out = new_output(spec.output_shape, x, config)
     else:
         _check_out(out, spec.output_shape, x, config.variant)
-    return _run(x, (values, offsets, row_ptr, row_order), bias, residual, out, spec, config, relu)
+    return _run(x, arrays, bias, residual, out, spec, config, relu)
 
 
 def _checked_spec(x: torch.Tensor, arrays: WeightArrays, kernel_shape, stride, padding,
@@ -538,15 +557,19 @@ def _run(x: torch.Tensor, arrays: WeightArrays, bias: Optional[torch.Tensor], re
     if spec.N == 0:
         return out
     bias = None if bias is None else bias.contiguous()
-    values, offsets, row_ptr, row_order = arrays
+    values, offsets, row_ptr, _, codes = arrays
     ph, pw = spec.padding
     with current_device(x):
         if config.variant == "batch":
             if residual is not None and residual.stride() != out.stride():
                 residual = torch.empty_like(out).copy_(residual)  # the epilogue reads it at out's offsets
-            launch_batch(padded_batch_inner(x, ph, pw), _nonempty(values), _nonempty(offsets), row_ptr, bias,
-                         residual, out, spec.stride, relu, config.block_pix, config.sub_batch, config.chunk,
-                         config.num_warps)
+            # A batch-innermost padded input is read where it is, with masked loads, rather than
+            # padded by a pass over it (see direct_batch's module docstring).
+            masked = codes is not None and (ph, pw) != (0, 0) and is_batch_inner(x)
+            source, offsets, padding = ((x.permute(1, 2, 3, 0), codes, (ph, pw)) if masked
+                                        else (padded_batch_inner(x, ph, pw), offsets, (0, 0)))
+            launch_batch(source, _nonempty(values), _nonempty(offsets), row_ptr, bias, residual, out, spec.stride,
+                         relu, config.block_pix, config.sub_batch, config.chunk, config.num_warps, padding)
         else:
             epilogue = (bias, None if residual is None else residual.contiguous())
             _launch(_padded_nchw(x, ph, pw), arrays, epilogue, out, spec, config, relu)
@@ -582,9 +605,9 @@ class BoundDirectCall:
         self._checked = checked
         self._plan: Optional[_Plan] = None
 
-    def __call__(self, x: torch.Tensor, values, offsets, row_ptr, row_order, bias, residual, kernel_shape,
+    def __call__(self, x: torch.Tensor, values, offsets, row_ptr, row_order, codes, bias, residual, kernel_shape,
                  padded_hw, stride, padding, config_json: str, relu: bool) -> torch.Tensor:
-        arrays = (values, offsets, row_ptr, row_order)
+        arrays = (values, offsets, row_ptr, row_order, codes)
         static = (kernel_shape, padded_hw, stride, padding, config_json)
         plan = self._plan
         if plan is None or not plan.matches(x, arrays, static):
@@ -607,7 +630,7 @@ def _launch(xp: torch.Tensor, arrays: WeightArrays, epilogue: Tuple[Optional[tor
     """
     n, c, hp, wp = xp.shape
     pq = spec.P * spec.Q
-    values, offsets, row_ptr, row_order = arrays
+    values, offsets, row_ptr, row_order, _ = arrays
     bias, residual = epilogue
     flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu)
     # Absent operands pass `out`: a valid pointer the kernel never reads.
