@@ -2,6 +2,7 @@
 policies, the summary, and sparsify_ on models that are already sparse. Timings are fake (an
 injected timer), so nothing here measures anything."""
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -18,7 +19,10 @@ from sparsecnn import SparseConv2d, sparsify_
 from sparsecnn.autotune import (POLICIES, Candidate, LayerResult, PhaseClock, TuneCache, TuneReport, candidates_for,
                                 layer_key, pick_fastest, tune_layer)
 from sparsecnn.autotune.cache import CachedDecision
-from sparsecnn.autotune.select import EagerTimer
+from sparsecnn.autotune.select import EagerTimer, pending_candidates
+from sparsecnn.autotune.tuner import finish_deferred
+from sparsecnn.backends import get_backend, registry
+from sparsecnn.backends.workers import WorkerPool
 from sparsecnn.autotune.timing import eager_wall_ms
 from sparsecnn.autotune.precision import uses_tf32
 from sparsecnn.kernels.reference import relative_error
@@ -107,6 +111,89 @@ def test_decision_is_persisted_and_reused_without_timing(tmp_path):
     assert again.time_ms == 0.5 and again.dense_ms == 1.0 and again.times_ms == first.times_ms
     forced = _tune(TuneCache(tmp_path, ENV_A), FakeTimer(), layer, retune=True)
     assert forced.cache == "tuned" and forced.backend == "dense"
+
+
+def test_deferred_candidates_are_timed_later_and_stored_under_the_full_key(tmp_path):
+    layer = _layer()
+    x, weight, bias, spec = layer
+    cusparse = Candidate("im2col-cusparse")
+    timer = FakeTimer(measure_ms={"im2col-cublas": 0.5, "im2col-cusparse": 0.2})
+    first = _tune(TuneCache(tmp_path, ENV_A), timer, layer, deferred=[cusparse])
+    assert "im2col-cusparse" not in timer.probed and first.backend == "im2col-cublas"
+    assert first.deferred == (cusparse,)
+    key = layer_key(spec, "fp32", weight, True, "none", False, [c.saved() for c in CPU_CANDIDATES])
+    assert TuneCache(tmp_path, ENV_A).lookup(key)[0] is None  # nothing stored before the deferred run
+    timer.probed.clear()
+    final = finish_deferred(first, x, weight, bias, spec, FP32, CPU_CANDIDATES, timer, TuneCache(tmp_path, ENV_A))
+    assert sorted(timer.probed) == ["dense", "im2col-cublas", "im2col-cusparse"]  # the choice re-timed beside it
+    assert final.backend == "im2col-cusparse" and final.deferred == () and final.time_ms == 0.2
+    assert set(final.times_ms) == {"dense", "im2col-cublas", "im2col-cusparse"}
+    again_timer = FakeTimer()
+    again = _tune(TuneCache(tmp_path, ENV_A), again_timer, layer, deferred=[cusparse])
+    assert again.cache == "hit" and again.backend == "im2col-cusparse" and again.deferred == ()
+    assert again_timer.probed == []
+    assert finish_deferred(again, x, weight, bias, spec, FP32, CPU_CANDIDATES, again_timer) is again
+
+
+def test_deferred_candidate_that_loses_leaves_the_choice(tmp_path):
+    x, weight, bias, spec = layer = _layer()
+    timer = FakeTimer(measure_ms={"im2col-cublas": 0.5, "im2col-cusparse": 0.9})
+    first = _tune(TuneCache(tmp_path, ENV_A), timer, layer, deferred=[Candidate("im2col-cusparse")])
+    final = finish_deferred(first, x, weight, bias, spec, FP32, CPU_CANDIDATES, timer, TuneCache(tmp_path, ENV_A))
+    assert final.backend == "im2col-cublas" and final.times_ms["im2col-cusparse"] == 0.9
+
+
+def _pending_backend(monkeypatch, name, is_pending):
+    backend = dataclasses.replace(get_backend(name), pending=is_pending)
+    monkeypatch.setitem(registry._REGISTRY, name, backend)
+
+
+def test_pending_candidates_asks_each_backend(monkeypatch):
+    x, weight, bias, spec = _layer()
+    asked = []
+
+    def pending(*args):
+        asked.append(args)
+        return True
+
+    _pending_backend(monkeypatch, "im2col-cusparse", pending)
+    found = pending_candidates(CPU_CANDIDATES, spec, weight, torch.float32, has_bias=True, relu_only=True)
+    assert found == [Candidate("im2col-cusparse")]
+    assert asked == [(spec, weight, torch.float32, True, None, True)]
+
+
+def test_autotune_model_times_pending_candidates_after_the_other_layers(tmp_path, monkeypatch):
+    _pending_backend(monkeypatch, "im2col-cusparse", lambda *args: True)
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    ref, untuned = model(x), copy.deepcopy(model)
+    timer = FakeTimer(measure_ms={"im2col-cusparse": 0.5})
+    report = autotune_model(model, x, cache_dir=tmp_path, timer=timer, progress=False)
+    first_pass = timer.probed[:4]  # two layers, dense and im2col-cublas each
+    assert "im2col-cusparse" not in first_pass and timer.probed.count("im2col-cusparse") == 2
+    assert [layer.backend for layer in report.layers] == ["im2col-cusparse", "im2col-cusparse"]
+    assert all(layer.deferred == () for layer in report.layers)
+    assert model[0].backend == model[2].backend == "im2col-cusparse"
+    assert relative_error(model(x), ref) < 1e-6
+    second_timer = FakeTimer()
+    again = autotune_model(untuned, x, cache_dir=tmp_path, timer=second_timer, progress=False)
+    assert second_timer.probed == [] and [layer.cache for layer in again.layers] == ["hit", "hit"]
+
+
+def test_worker_pool_says_which_jobs_are_still_running():
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+    pool = WorkerPool("test jobs", "SPARSECNN_TEST_WORKERS", logging.getLogger("test"),
+                      new_pool=lambda workers: ThreadPoolExecutor(1))
+    try:
+        pool.submit("slow", release.wait, 10)
+        assert pool.running("slow") and not pool.running("absent")
+        release.set()
+        pool.pending["slow"][0].result(timeout=10)
+        assert not pool.running("slow")
+    finally:
+        release.set()
+        pool.shutdown()
 
 
 def test_a_candidate_much_slower_in_one_run_is_never_benchmarked(tmp_path):

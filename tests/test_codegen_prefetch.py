@@ -207,3 +207,37 @@ def test_layers_the_inputs_never_reach_are_not_prefetched(monkeypatch, tmp_path)
     monkeypatch.setattr(sparsify_module, "prefetch_candidates", lambda spec, *args, **kwargs: seen.append(spec))
     autotune_model(Skips().eval(), torch.randn(1, 3, 8, 8), cache_dir=tmp_path, timer=_DenseTimer(), progress=False)
     assert [(spec.H, spec.W) for spec in seen] == [(8, 8)]
+
+
+class _HeldPool(_InlinePool):
+    """Leaves every job running (its future unfinished) until `finish`."""
+
+    def __init__(self):
+        super().__init__()
+        self.futures = []
+
+    def submit(self, fn, *args):
+        self.jobs += 1
+        self.futures.append(Future())
+        return self.futures[-1]
+
+    def finish(self):
+        for future in self.futures:
+            future.set_result((0.0, 0.0, None))
+
+
+def test_pending_while_a_prefetched_compile_runs(monkeypatch):
+    pool = _HeldPool()
+    monkeypatch.setattr(codegen_backend, "_WORKERS", codegen_backend._new_workers(new_pool=lambda count: pool))
+    monkeypatch.setenv(codegen_backend.WORKERS_ENV_VAR, "2")
+    backend = get_backend("codegen")
+    weight = _weight()
+    config = backend.auto_configs(SPEC, torch.float32)[0]
+    assert not backend.pending(SPEC, weight, torch.float32, True, config, False)  # nothing submitted
+    backend.prefetch(SPEC, weight, torch.float32, True, [config], False)
+    assert pool.jobs == 1
+    assert backend.pending(SPEC, weight, torch.float32, True, config, False)
+    assert not backend.pending(SPEC, weight, torch.float32, True, config, True)  # another compile: the ReLU in
+    assert not backend.pending(SPEC, weight * 2, torch.float32, True, config, False)
+    pool.finish()
+    assert not backend.pending(SPEC, weight, torch.float32, True, config, False)

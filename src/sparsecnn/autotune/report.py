@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..layers import ConvSpec
 from .phases import format_phases
@@ -29,6 +29,7 @@ class LayerResult:
     dropped: Dict[str, str]
     cache: str
     cache_note: Optional[str] = None
+    deferred: Tuple[Any, ...] = ()
 
     @property
     def speedup(self) -> float:

@@ -265,3 +265,15 @@ def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionP
         prefetch = get_backend(name).prefetch
         if prefetch is not None:
             prefetch(spec, weight, policy.dtype, has_bias, offered, relu_only)
+
+
+def pending_candidates(candidates: List[Candidate], spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, *,
+                       has_bias: bool, relu_only: bool = False) -> List[Candidate]:
+    """Those of `candidates` whose backend's prefetched work for this layer is still running
+    (`Backend.pending`): binding them now would wait. weight, relu_only: see `prefetch_candidates`."""
+    pending = []
+    for candidate in candidates:
+        check = get_backend(candidate.backend).pending
+        if check is not None and check(spec, weight, dtype, has_bias, candidate.config, relu_only):
+            pending.append(candidate)
+    return pending

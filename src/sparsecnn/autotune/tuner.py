@@ -1,8 +1,9 @@
 """Tune one layer: reuse the decision on disk, or time the candidates and store the winner."""
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -11,7 +12,7 @@ from .cache import CachedDecision, TuneCache, layer_key
 from .precision import PrecisionPolicy, tf32_flags
 from .phases import PhaseClock
 from .report import LayerResult
-from .select import BASELINE, DEFAULT_DROP_RATIO, Candidate, Timer, pick_fastest
+from .select import BASELINE, DEFAULT_DROP_RATIO, Candidate, Selection, Timer, pick_fastest
 
 ACTIVATIONS = ("none", "relu")
 
@@ -30,7 +31,8 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
                policy: PrecisionPolicy, candidates: List[Candidate], timer: Timer,
                cache: Optional[TuneCache] = None, retune: bool = False, drop_ratio: float = DEFAULT_DROP_RATIO,
                activation: str = "none", residual: Optional[torch.Tensor] = None,
-               clock: Optional[PhaseClock] = None, run_mode: str = "graph") -> LayerResult:
+               clock: Optional[PhaseClock] = None, run_mode: str = "graph",
+               deferred: Sequence[Candidate] = ()) -> LayerResult:
     """The fastest of `candidates` for one layer, from `cache` when it holds a usable decision.
 
     x: the layer's input (N, C, H, W) in `policy.dtype`; weight: masked (K, C // groups, R, S);
@@ -39,6 +41,9 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
     Timing runs with the global TF32 flags off (see `precision`). The result's `cache_note` says why
     an entry on disk was not used, when one existed. clock: see `pick_fastest`. run_mode: what
     `timer` measures ("graph": GPU time, "eager": eager wall time), part of the cache key.
+    deferred: those of `candidates` not to time now (their preparation is still running): without
+    a usable cache entry the others are timed, nothing is stored, and the result lists them in
+    `deferred` for `finish_deferred`, which times them later under the same key.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -53,13 +58,49 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
                                decision.dense_ms, dict(decision.times_ms), {}, "hit")
         if decision is not None:
             note = f"the cached choice {decision.backend} {decision.config} is not among this run's candidates"
+    deferred = tuple(c for c in candidates if c in deferred)
     with tf32_flags(False):
-        selection = pick_fastest(x, weight, bias, spec, candidates, timer, drop_ratio, activation == "relu", residual,
+        selection = pick_fastest(x, weight, bias, spec, [c for c in candidates if c not in deferred], timer,
+                                 drop_ratio, activation == "relu", residual, clock=clock)
+    if not deferred:
+        _store(cache, key, selection)
+    return _result(name, spec, selection, selection.dropped, "tuned" if note is None else "retuned", note, deferred)
+
+
+def finish_deferred(result: LayerResult, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                    spec: ConvSpec, policy: PrecisionPolicy, candidates: List[Candidate], timer: Timer,
+                    cache: Optional[TuneCache] = None, drop_ratio: float = DEFAULT_DROP_RATIO,
+                    activation: str = "none", residual: Optional[torch.Tensor] = None,
+                    clock: Optional[PhaseClock] = None, run_mode: str = "graph") -> LayerResult:
+    """`result` of `tune_layer` (same arguments) with its `deferred` candidates timed: they, its
+    choice and the dense baseline are timed together, the fastest is the decision, stored under the
+    key of the full `candidates`. A result without deferred candidates is returned as it is."""
+    if not result.deferred:
+        return result
+    key = layer_key(spec, policy.name, weight, bias is not None, activation, residual is not None,
+                    [candidate.saved() for candidate in candidates], run_mode)
+    chosen = next(c for c in candidates if c.label() == result.choice)
+    rivals = list(dict.fromkeys([chosen, Candidate(BASELINE), *result.deferred]))
+    with tf32_flags(False):
+        selection = pick_fastest(x, weight, bias, spec, rivals, timer, drop_ratio, activation == "relu", residual,
                                  clock=clock)
-    dense_ms = selection.times_ms.get(Candidate(BASELINE).label(), float("nan"))
-    best = selection.best
+    _store(cache, key, selection)
+    merged = dataclasses.replace(selection, times_ms={**result.times_ms, **selection.times_ms})
+    return _result(result.name, spec, merged, {**result.dropped, **selection.dropped}, result.cache,
+                   result.cache_note, ())
+
+
+def _store(cache: Optional[TuneCache], key: dict, selection: Selection) -> None:
     if cache is not None:
-        cache.store(key, CachedDecision(best.backend, best.saved()[1], selection.best_ms, dense_ms,
+        best = selection.best
+        cache.store(key, CachedDecision(best.backend, best.saved()[1], selection.best_ms,
+                                        selection.times_ms.get(Candidate(BASELINE).label(), float("nan")),
                                         selection.times_ms))
+
+
+def _result(name: str, spec: ConvSpec, selection: Selection, dropped: dict, cache: str, note: Optional[str],
+            deferred: tuple) -> LayerResult:
+    best = selection.best
+    dense_ms = selection.times_ms.get(Candidate(BASELINE).label(), float("nan"))
     return LayerResult(name, spec, best.backend, best.config, best.label(), selection.best_ms, dense_ms,
-                       selection.times_ms, selection.dropped, "tuned" if note is None else "retuned", note)
+                       selection.times_ms, dropped, cache, note, deferred)

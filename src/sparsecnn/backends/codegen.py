@@ -185,6 +185,14 @@ def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias
                         config, has_bias, dtype, relu_only)
 
 
+def _pending(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool, config: Any,
+             relu_only: bool = False) -> bool:
+    """Whether `config`'s kernels for this layer are still compiling in a worker (binding would wait)."""
+    if _spec_check(spec) is not None:
+        return False
+    return _WORKERS.running(_compile_key(_as_compiled_array(weight), spec, config, has_bias, dtype, relu_only))
+
+
 CODEGEN = register_backend(Backend(
     name="codegen",
     description="sparsity-aware code generation (Dong et al.): weights as FMA immediates, zero-weight FMAs "
@@ -199,4 +207,5 @@ CODEGEN = register_backend(Backend(
     auto_configs=_auto_configs,
     prefetch=_prefetch,
     bind_relu=_bind_relu,
+    pending=_pending,
 ))

@@ -90,6 +90,9 @@ class Backend:
     bind_relu, optional: a `bind` whose kernel computes relu(conv + bias) itself, for layers that
     always ask for the ReLU and never pass a residual (`bind_for` picks it); its call refuses any
     other epilogue.
+    pending(spec, weight, dtype, has_bias, config, relu_only=False), optional: whether preparing
+    and binding `config` now would wait for prefetched work still running; the tuner then times
+    that candidate after the model's other layers.
     """
 
     name: str
@@ -104,6 +107,7 @@ class Backend:
     auto_configs: Optional[Callable[[ConvSpec, torch.dtype], List[Any]]] = None
     prefetch: Optional[Callable[..., None]] = None
     bind_relu: Optional[BindFn] = None
+    pending: Optional[Callable[..., bool]] = None
 
     def bind_for(self, packed: Any, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
                  relu_only: bool = False) -> KernelCall:

@@ -121,6 +121,11 @@ class WorkerPool:
         except Exception as error:  # noqa: BLE001  (no pool is no reason to fail tuning)
             self._give_up(error)
 
+    def running(self, key: Hashable) -> bool:
+        """Whether the job for `key` is submitted and not finished: taking it now would wait."""
+        entry = self.pending.get(key)
+        return entry is not None and not entry[0].done()
+
     def take(self, key: Hashable) -> Any:
         """The result of the job for `key` (waiting for it), or NOTHING when there is none or it failed."""
         if key not in self.pending:

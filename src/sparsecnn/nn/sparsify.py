@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from ..autotune import (DEFAULT_DROP_RATIO, EagerTimer, MeasuringTimer, PhaseClock, PrecisionPolicy, Timer,
                         TuneCache, TuneReport, candidates_for, environment_fingerprint, resolve_policy, tf32_flags,
                         tune_layer)
-from ..autotune.select import prefetch_candidates
+from ..autotune.select import pending_candidates, prefetch_candidates
+from ..autotune.tuner import finish_deferred
 from ..backends import get_backend
 from ..backends.workers import job_times, reset_job_times
 from ..kernels.reference import relative_error
@@ -182,6 +183,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                                   run_mode)
             with clock.phase("layers"):
                 output = tuning.run(model, _cast(inputs, policy.dtype))
+                tuning.finish_deferred()
         unreached = [name for name in layers if name not in tuning.results]
         for name in unreached:
             if layers[name] is not originals[name]:
@@ -236,7 +238,13 @@ def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, torch.Siz
 
 
 class _LayerTuning:
-    """The forward pre-hooks that tune each layer the first time it runs."""
+    """The forward pre-hooks that tune each layer the first time it runs.
+
+    A candidate whose prefetched preparation is still running (a codegen compile in a worker) is
+    not waited for: the layer is tuned without it, runs its choice, and keeps its input; after the
+    pass, `finish_deferred` times such candidates against the choice on that input. Otherwise
+    tuning waits at the first layers, reached seconds after their compiles (up to ~30 s each) start.
+    """
 
     def __init__(self, layers: Dict[str, SparseConv2d], masks: Dict[str, torch.Tensor], policy: PrecisionPolicy,
                  backends: Optional[List[str]], cache: TuneCache, timer: Timer, retune: bool, drop_ratio: float,
@@ -245,6 +253,7 @@ class _LayerTuning:
         self.cache, self.timer, self.retune, self.drop_ratio, self.bar = cache, timer, retune, drop_ratio, bar
         self.clock, self.run_mode = clock, run_mode
         self.results = {}
+        self._deferred: Dict[str, tuple] = {}  # name -> the arguments tune_layer had
 
     def run(self, model: nn.Module, inputs: tuple):
         """`model(*inputs)` with every layer tuned just before its first call; returns the output."""
@@ -271,14 +280,35 @@ class _LayerTuning:
         _apply_mask_(layer, name, self.masks.get(name))
         spec = layer.spec_for(x)
         as_2d = (lambda t: t.unsqueeze(2)) if layer.conv_dims == 1 else (lambda t: t)
-        result = tune_layer(name, as_2d(x), layer._weight_4d().detach().contiguous(), layer.bias, spec, self.policy,
-                            candidates_for(spec, self.policy, x.device.type, self.backends), self.timer,
-                            self.cache, self.retune, self.drop_ratio, layer.activation,
-                            None if residual is None else as_2d(residual), self.clock, self.run_mode)
+        weight = layer._weight_4d().detach().contiguous()
+        candidates = candidates_for(spec, self.policy, x.device.type, self.backends)
+        pending = pending_candidates(candidates, spec, weight, self.policy.dtype, has_bias=layer.bias is not None,
+                                     relu_only=layer.relu_only)
+        arguments = (as_2d(x), weight, layer.bias, spec, self.policy, candidates, self.timer, self.cache)
+        epilogue = dict(drop_ratio=self.drop_ratio, activation=layer.activation,
+                        residual=None if residual is None else as_2d(residual), clock=self.clock,
+                        run_mode=self.run_mode)
+        result = tune_layer(name, *arguments, retune=self.retune, deferred=pending, **epilogue)
+        if result.deferred:
+            self._deferred[name] = (arguments, epilogue)
         layer._set_backend(result.backend, result.config)
         set_tuning_layout(layer)
-        layer.timings = {**{label: math.nan for label in result.dropped}, **result.times_ms}
+        _keep_timings(layer, result)
         return result
+
+    def finish_deferred(self) -> None:
+        """Time the candidates deferred while tuning (their work is done or waited for now)."""
+        for name, (arguments, epilogue) in self._deferred.items():
+            layer, first = self.layers[name], self.results[name]
+            self.results[name] = final = finish_deferred(first, *arguments, **epilogue)
+            if final.choice != first.choice:
+                layer._set_backend(final.backend, final.config)
+            _keep_timings(layer, final)
+        self._deferred.clear()
+
+
+def _keep_timings(layer: SparseConv2d, result) -> None:
+    layer.timings = {**{label: math.nan for label in result.dropped}, **result.times_ms}
 
 
 def _log_notes(results: Sequence) -> None:
