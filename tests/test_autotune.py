@@ -162,6 +162,18 @@ def test_pending_candidates_asks_each_backend(monkeypatch):
     assert asked == [(spec, weight, torch.float32, True, None, True)]
 
 
+@pytest.mark.parametrize("pending", [False, True])
+def test_layers_with_pending_candidates_keep_writing_nchw_while_tuning(tmp_path, monkeypatch, pending):
+    from sparsecnn.nn import sparsify as sparsify_module
+
+    _pending_backend(monkeypatch, "im2col-cusparse", lambda *args: pending)
+    switched = []
+    monkeypatch.setattr(sparsify_module, "set_tuning_layout", lambda layer: switched.append(layer))
+    model = _model()
+    autotune_model(model, torch.randn(2, 3, 12, 12), cache_dir=tmp_path, timer=FakeTimer(), progress=False)
+    assert switched == ([] if pending else [model[0], model[2]])
+
+
 def test_autotune_model_times_pending_candidates_after_the_other_layers(tmp_path, monkeypatch):
     _pending_backend(monkeypatch, "im2col-cusparse", lambda *args: True)
     model, x = _model(), torch.randn(2, 3, 12, 12)
