@@ -48,7 +48,7 @@ def layer_rows(spec: ConvSpec, base: dict, pattern: str, device: torch.device) -
     rows = []
     for config in configs:
         packed = ChunkedCSRWeight.from_dense(weight, config.chunk)
-        values, offsets, row_ptr, _, codes = weight_arrays(packed, spec.H + 2 * ph, spec.W + 2 * pw, (ph, pw))
+        values, offsets, row_ptr, _, codes = weight_arrays(packed, spec.H + 2 * ph, spec.W + 2 * pw, config, (ph, pw))
         if codes is None:
             print(f"{spec.name}: the masked codes do not fit int32; pack only")
         outputs: Dict[str, torch.Tensor] = {}

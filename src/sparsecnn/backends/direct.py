@@ -39,10 +39,9 @@ def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: boo
     if config is None:
         config = kernels.default_config(spec, dtype, kernels.variant_of(packed))
     kernels.check_weight_variant(packed, config)
-    # "batch" gets the codes with which it reads a batch-innermost input without padding it
-    arrays = kernels.weight_arrays(packed, *padded_hw(spec), spec.padding if config.variant == "batch" else (0, 0))
-    return KernelCall(torch.ops.sparsecnn.direct_conv2d.default, arrays, op_static_args(packed, spec, config),
-                      eager=kernels.BoundDirectCall(ops.direct_conv2d_eager))
+    return KernelCall(torch.ops.sparsecnn.direct_conv2d.default,
+                      kernels.weight_arrays(packed, *padded_hw(spec), config, spec.padding),
+                      op_static_args(packed, spec, config), eager=kernels.BoundDirectCall(ops.direct_conv2d_eager))
 
 
 DIRECT = register_triton_backend(

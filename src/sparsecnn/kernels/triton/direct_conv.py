@@ -461,11 +461,12 @@ WeightArrays = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optiona
                      Optional[torch.Tensor]]
 
 
-def weight_arrays(weight: DirectWeight, padded_h: int, padded_w: int,
-                  masked_padding: Tuple[int, int] = (0, 0)) -> WeightArrays:
+def weight_arrays(weight: DirectWeight, padded_h: int, padded_w: int, config: Optional[DirectConfig] = None,
+                  padding: Tuple[int, int] = (0, 0)) -> WeightArrays:
     """(values, offsets, row_ptr, row_order, codes): the tensors the kernel reads for a padded input
-    of padded_h x padded_w (H + 2 pad_h, W + 2 pad_w); row_ptr is None for "ell", row_order except
-    for "csr"; codes are None unless masked_padding (variant "batch": pass its padding) is non-zero.
+    of padded_h x padded_w (H + 2 pad_h, W + 2 pad_w) and that padding; row_ptr is None for "ell",
+    row_order except for "csr"; codes are None unless config is variant "batch" and padding is
+    non-zero.
 
     values float32 and offsets int32 ((K, L) views for "ell", (slots,) or (nnz,) otherwise); row_ptr
     int32 (K + 1,); row_order int32 (K,); codes int32 (slots,): the `ChunkedCSRWeight.masked_codes`
@@ -476,9 +477,9 @@ def weight_arrays(weight: DirectWeight, padded_h: int, padded_w: int,
     offsets = weight.offsets(padded_h, padded_w)
     variant = variant_of(weight)
     row_ptr = None if variant == "ell" else weight.row_ptr
-    pad_h, pad_w = masked_padding
+    pad_h, pad_w = padding
     codes = None
-    if pad_h or pad_w:
+    if config is not None and config.variant == "batch" and (pad_h or pad_w):
         codes = weight.masked_codes(padded_h - 2 * pad_h, padded_w - 2 * pad_w, pad_h, pad_w)
     return weight.values, offsets, row_ptr, weight.row_order if variant == "csr" else None, codes
 
@@ -507,8 +508,7 @@ def direct_conv2d(x: torch.Tensor, weight: DirectWeight, bias: Optional[torch.Te
         spec = ConvSpec(n, c, kernel_k, h, w, kernel_r, kernel_s, (sh, sw), (ph, pw))
         config = default_config(spec, x.dtype, variant_of(weight))
     check_weight_variant(weight, config)
-    arrays = weight_arrays(weight, x.shape[2] + 2 * ph, x.shape[3] + 2 * pw,
-                           (ph, pw) if config.variant == "batch" else (0, 0))
+    arrays = weight_arrays(weight, x.shape[2] + 2 * ph, x.shape[3] + 2 * pw, config, (ph, pw))
     return direct_conv2d_arrays(x, *arrays, weight.kernel_shape, bias, (sh, sw), (ph, pw), config, relu=relu,
                                 residual=residual, out=out)
 
