@@ -1,6 +1,7 @@
 """nn.layout: batch-innermost outputs between `direct` "batch" layers (CPU, Triton interpreter)."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from conftest import needs_interpreter
@@ -39,19 +40,38 @@ class ScriptedTimer:
         return self.ms[candidate.label()]
 
 
-def _batch_model(batch_layers):
+class PooledChain(nn.Module):
+    """a -> max pool -> b -> global average pool; with `flat_pool`, b also feeds a max pool whose
+    output is flattened (a consumer that does not take a batch-innermost input)."""
+
+    def __init__(self, flat_pool=False):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.MaxPool2d(2, ceil_mode=True)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.avg = nn.AdaptiveAvgPool2d(1)
+        self.flat_pool = flat_pool
+
+    def forward(self, x):
+        b = self.b(self.pool(torch.relu(self.a(x))))
+        out = torch.flatten(self.avg(b), 1)
+        return out + torch.flatten(F.max_pool2d(b, 2), 1).sum(1, keepdim=True) if self.flat_pool else out
+
+
+def _batch_model(batch_layers, model=None):
     from sparsecnn.kernels.triton.direct_conv import DirectConfig
 
     torch.manual_seed(0)
-    model = Chain().eval()
+    model = (model or Chain()).eval()
+    convs = [name for name, module in model.named_children() if isinstance(module, nn.Conv2d)]
     with torch.no_grad():
-        for conv in (model.a, model.b, model.c, model.d):
-            conv.weight.mul_(torch.rand_like(conv.weight) > 0.5)
+        for name in convs:
+            getattr(model, name).weight.mul_(torch.rand_like(getattr(model, name).weight) > 0.5)
     gm = prepare_for_inference(model, example_inputs=(torch.randn(4, 3, 9, 9),))
     layers = dict(gm.named_modules())
     for name in batch_layers:
         layers[name]._set_backend("direct", DirectConfig(16, 1, 4, 1, 1, "batch", 4))
-    return model, gm, {name: layers[name] for name in "abcd"}
+    return model, gm, {name: layers[name] for name in convs}
 
 
 @needs_interpreter
@@ -61,6 +81,26 @@ def test_candidates_are_batch_layers_feeding_only_batch_layers():
     _, gm, tuned = _batch_model("abd")
     assert batch_inner_candidates(gm, tuned) == ["a"]  # b feeds c, which is dense
     assert batch_inner_candidates(nn.Sequential(), tuned) == []  # no graph: nothing known
+
+
+@needs_interpreter
+def test_candidates_look_through_max_pools_and_end_at_average_pools():
+    _, gm, tuned = _batch_model("ab", PooledChain())
+    assert batch_inner_candidates(gm, tuned) == ["a", "b"]  # a feeds b through a max pool; b the average pool
+    _, gm, tuned = _batch_model("ab", PooledChain(flat_pool=True))
+    assert batch_inner_candidates(gm, tuned) == ["a"]  # b's max pool output is flattened
+    _, gm, tuned = _batch_model("b", PooledChain())
+    assert batch_inner_candidates(gm, tuned) == ["b"]
+
+
+@needs_interpreter
+def test_pooled_chain_outputs_unchanged_batch_innermost():
+    model, gm, tuned = _batch_model("ab", PooledChain())
+    x = torch.randn(4, 3, 9, 9)
+    with torch.no_grad():
+        timer = ScriptedTimer({"model:nchw outputs": 2.0, "model:batch-innermost outputs": 1.0})
+        assert keep_batch_inner_outputs(gm, lambda: gm(x), tuned, timer)[0] == ["a", "b"]
+        assert relative_error(gm(x), model(x)) < 1e-5
 
 
 @needs_interpreter

@@ -6,6 +6,7 @@ codegen files are bytes copied into the codegen cache.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from pathlib import Path
@@ -50,9 +51,7 @@ def _skeleton(manifest: dict, path: Path) -> fx.GraphModule:
     except ValueError as error:
         raise ArtifactError(f"{path}: cannot rebuild model {model['name']!r}: {error}") from error
     fuse = gm.fuse_report
-    found = {"folded_batchnorms": fuse.folded_batchnorms, "fused_relus": fuse.fused_relus,
-             "fused_adds": fuse.fused_adds}
-    if found != manifest["fuse"]:
+    if dataclasses.asdict(fuse) != manifest["fuse"]:
         raise ArtifactError(f"{path}: model {model['name']!r} no longer simplifies as it did when compiled "
                             f"(now {fuse.summary()}): compile the artefact again")
     return gm

@@ -3,7 +3,8 @@
 `fold_batchnorm` folds each eval-mode BatchNorm into the conv before it. `prepare_for_inference` also
 swaps every conv for a `SparseConv2d` (backend "dense") and fuses the ReLU and residual add that
 follow it into the layer's epilogue (`activation="relu"`, `forward(x, residual=...)`), so a sparse
-backend can apply them while its output tile is still in registers.
+backend can apply them while its output tile is still in registers, and swaps max pools for
+`pool.MaxPool2d` / `pool.max_pool2d` (no argmax; the input's layout kept).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..prune import absorb_torch_prune_
+from .pool import MaxPool2d, max_pool2d
 from .sparse_conv import SparseConv2d
 
 Masks = Dict[str, torch.Tensor]
@@ -37,10 +39,11 @@ class FuseReport:
     folded_batchnorms: Dict[str, str] = field(default_factory=dict)  # conv -> BatchNorm folded into it
     fused_relus: List[str] = field(default_factory=list)  # convs that now end in activation="relu"
     fused_adds: List[str] = field(default_factory=list)  # convs that now take the residual add
+    swapped_pools: List[str] = field(default_factory=list)  # MaxPool2d paths and F.max_pool2d node names
 
     def summary(self) -> str:
         return (f"{len(self.folded_batchnorms)} BatchNorms folded, {len(self.fused_relus)} ReLUs and "
-                f"{len(self.fused_adds)} residual adds fused")
+                f"{len(self.fused_adds)} residual adds fused, {len(self.swapped_pools)} max pools swapped")
 
 
 class _Tracer(fx.Tracer):
@@ -260,11 +263,34 @@ def _fuse_relus(gm: fx.GraphModule) -> List[str]:
     return fused
 
 
+def _returns_indices(node: fx.Node) -> bool:
+    """Whether an F.max_pool2d call may return indices (anything but a literal False)."""
+    flag = node.kwargs.get("return_indices", node.args[6] if len(node.args) > 6 else False)
+    return flag is not False
+
+
+def _swap_max_pools(gm: fx.GraphModule) -> List[str]:
+    """nn.MaxPool2d -> `MaxPool2d` and F.max_pool2d -> `max_pool2d`, where no indices are asked for."""
+    swapped = []
+    for node in gm.graph.nodes:
+        pool = _module(gm, node)
+        if type(pool) is nn.MaxPool2d and not pool.return_indices:
+            parent, _, child = node.target.rpartition(".")
+            setattr(gm.get_submodule(parent), child, MaxPool2d.from_module(pool))
+            swapped.append(node.target)
+        elif node.op == "call_function" and node.target is F.max_pool2d and not _returns_indices(node):
+            node.target = max_pool2d
+            swapped.append(node.name)
+    return swapped
+
+
 def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
                           example_inputs: Optional[Sequence[torch.Tensor]] = None) -> fx.GraphModule:
     """`model` traced by torch.fx for inference: BatchNorms folded (`fold_batchnorm`), every called
     Conv1d/Conv2d replaced by a `SparseConv2d` (backend "dense") under its own module path, and the ReLU
-    and residual add after each conv fused into it (act(conv(x) + bias + residual)).
+    and residual add after each conv fused into it (act(conv(x) + bias + residual)), and every max pool
+    without indices swapped for `pool.MaxPool2d` / `pool.max_pool2d` (same values; on CUDA no argmax
+    is written and the input's memory layout is kept).
 
     masks: {conv path in `model`: bool mask of the weight's shape}; a conv without one uses its
     `torch.nn.utils.prune` mask, else its weight's non-zeros. Entries for other modules (e.g. a Linear
@@ -288,6 +314,7 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
     _to_sparse(gm, conv_masks)
     report.fused_adds = _fuse_adds(gm)
     report.fused_relus = _fuse_relus(gm)
+    report.swapped_pools = _swap_max_pools(gm)
     return _finish(gm, report)
 
 

@@ -3,7 +3,10 @@
 Each layer is tuned on an NCHW input and writes NCHW, so a "batch" layer (which reads its input as
 (C, H, W, N)) pays a transpose of its input. When every consumer of a layer's output (as input or
 fused residual) is itself a "batch" layer, that layer can write (K, P, Q, N) instead and the next
-layers read it with no transpose (1x1 layers without padding: no copy at all). Only graphs from
+layers read it with no transpose (1x1 layers without padding: no copy at all). A consumer may also
+be a max pool of `pool.py` (it keeps the layout) whose consumers all qualify, or an
+nn.AdaptiveAvgPool2d (which makes its own contiguous output; a ResNet's last layer feeds one,
+and an NCHW output there costs a strided store and a copy of its residual). Only graphs from
 `prepare_for_inference` (torch.fx) say who consumes what; in other models every layer writes NCHW.
 The change is timed on the whole model and kept only when faster. While tuning, "batch" layers
 write batch-innermost outputs (`set_tuning_layout`), so the next layer is timed on that input.
@@ -18,6 +21,7 @@ import torch
 from torch import nn
 
 from ..autotune import Candidate, Timer
+from .pool import MaxPool2d, max_pool2d
 from .sparse_conv import SparseConv2d
 
 _LOG = logging.getLogger(__name__)
@@ -34,15 +38,25 @@ def is_batch_inner(layer) -> bool:
 
 
 def batch_inner_candidates(model: nn.Module, tuned: Dict[str, SparseConv2d]) -> List[str]:
-    """Names of tuned "batch" layers all of whose outputs' users are tuned "batch" layers."""
+    """Names of tuned "batch" layers all of whose outputs' users take a batch-innermost input:
+    tuned "batch" layers, adaptive average pools, and max pools of `pool.py` whose users all do."""
     if not isinstance(model, torch.fx.GraphModule):
         return []
+
+    def module(node):
+        return model.get_submodule(node.target) if node.op == "call_module" else None
 
     def batch_node(node) -> bool:
         return node.op == "call_module" and _is_batch(tuned.get(node.target))
 
+    def takes_batch_inner(node) -> bool:
+        if batch_node(node) or isinstance(module(node), nn.AdaptiveAvgPool2d):
+            return True
+        keeps_layout = isinstance(module(node), MaxPool2d) or (node.op == "call_function" and node.target is max_pool2d)
+        return keeps_layout and bool(node.users) and all(takes_batch_inner(user) for user in node.users)
+
     return [node.target for node in model.graph.nodes
-            if batch_node(node) and node.users and all(batch_node(user) for user in node.users)]
+            if batch_node(node) and node.users and all(takes_batch_inner(user) for user in node.users)]
 
 
 def _set_out_layout(layers: List[SparseConv2d], layout: str) -> None:
