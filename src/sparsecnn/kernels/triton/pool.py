@@ -5,13 +5,14 @@ output value, reads NCHW through a kernel of one thread per output with 64-bit i
 and copies any input that is neither NCHW nor channels_last (a batch-innermost activation of
 `direct` "batch" layers) to NCHW first. GoogLeNet's 13 max pools took 0.75 ms of its 2.9 ms
 sparsified forward on the H100 (fp32, N=32;
-`benchmarks/results/2026-11-22-h100-s12-profile-4439bc8.jsonl`). Here a program writes a tile of
-outputs in memory order (coalesced stores): rows of the outer dims times a block of the layout's
-innermost dim (w for NCHW, n batch-innermost, c channels_last), along which each tap's loads are
-contiguous; coordinates come from one div/mod per row, with 32-bit index arithmetic unless the
-tensors are too large for it. A first version with one div/mod chain per output was bound by
-integer work on the 3x3 stride-1 pools (fp16 no faster than fp32,
-`...-s12-max-pool-cbee33c.jsonl`).
+`benchmarks/results/2026-11-22-h100-s12-profile-4439bc8.jsonl`). Here one program writes BLOCK
+consecutive outputs in memory order (coalesced stores) and reads each window's taps, which are
+contiguous along the layout's innermost dim (w for NCHW, n batch-innermost, c channels_last),
+with 32-bit index arithmetic unless the tensors are too large for it. On the H100 (N=32) this
+took 0.43 ms (fp32 NCHW) for GoogLeNet's 13 pools against 0.77 ms for F.max_pool2d, and 0.37
+against 0.62 ms for VGG16's five (`...-s12-max-pool-cbee33c.jsonl`). Tried and dropped: 2-D tiles (rows of
+the outer dims x a block of the innermost, one div/mod per row): 0.7-1.4x that speed across the
+pools and layouts (`...-s12-max-pool-2835c60.jsonl`).
 
 Semantics are F.max_pool2d's (bitwise: a max involves no rounding): -inf padding, ceil_mode,
 dilation, and a NaN anywhere in a window makes the output NaN.
@@ -32,8 +33,7 @@ from .launch import launch
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """block: outputs per program (a tile of up to 64 along the layout's innermost dim times rows
-    of the others); num_warps: warps per program."""
+    """block: outputs per program; num_warps: warps per program."""
 
     block: int = 1024
     num_warps: int = 4
@@ -46,8 +46,7 @@ class PoolConfig:
 
 
 # The first is the default: 512 x 4 and 256 x 2 were the fastest on every pool of googlenet, vgg16,
-# resnet50 and alexnet-cifar (N=32, fp32 and fp16, H100; ...-s12-max-pool-cbee33c.jsonl, one program per
-# 1-D block of outputs then).
+# resnet50 and alexnet-cifar (N=32, fp32 and fp16, H100; `...-s12-max-pool-cbee33c.jsonl`).
 CONFIGS = (PoolConfig(512, 4), PoolConfig(256, 2), PoolConfig(1024, 4), PoolConfig(2048, 8))
 DEFAULT = CONFIGS[0]
 
@@ -64,45 +63,42 @@ def _pick(c0, c1, c2, c3, POS: tl.constexpr):
         return c3
 
 
-@triton.jit(do_not_specialize=["rows", "O1", "O2", "O3", "XS0", "XS1", "XS2", "XS3", "XSH", "H", "W",
+@triton.jit(do_not_specialize=["numel", "O1", "O2", "O3", "XS0", "XS1", "XS2", "XS3", "XSH", "H", "W",
                                "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w"])
-def _max_pool2d_kernel(x_ptr, y_ptr, rows, O1, O2, O3, XS0, XS1, XS2, XS3, XSH, XSW, H, W,
+def _max_pool2d_kernel(x_ptr, y_ptr, numel, O1, O2, O3, XS0, XS1, XS2, XS3, XSH, XSW, H, W,
                        stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
                        KH: tl.constexpr, KW: tl.constexpr, HPOS: tl.constexpr, WPOS: tl.constexpr,
-                       WIDE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    """y = max over each output's KH x KW window, y's elements taken in its memory order.
+                       WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    """y[o] = max over the KH x KW window of output o, o in y's memory order.
 
     The output's dims in memory order (outermost first) have sizes (O0, O1, O2, O3); HPOS and
-    WPOS say which of them are P and Q. One program: BLOCK_R rows (indices over the outer three
-    dims, rows = O0 * O1 * O2 in all) x BLOCK_I elements of the innermost dim, so the div/mod
-    that find an output's coordinates run once per row, not per element (per element, the loop
-    is then a pointer add, two range checks, a load and a max per tap). XS0..XS3: x's strides
-    of those dims, 0 for P and Q; XSH, XSW: x's strides along H and W. WIDE: int64 indices.
+    WPOS say which of them are P and Q. XS0..XS3: x's strides of those dims, 0 for P and Q;
+    XSH, XSW: x's strides along H and W. WIDE: int64 index arithmetic.
     """
     if WIDE:
-        row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
-        row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    inner = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    c2 = row % O2
-    rest = row // O2
-    c1 = (rest % O1)[:, None]
-    c0 = (rest // O1)[:, None]
-    c2 = c2[:, None]
-    c3 = inner[None, :]
-    live = (row < rows)[:, None] & (inner < O3)[None, :]
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = idx < numel
+    c3 = idx % O3
+    rest = idx // O3
+    c2 = rest % O2
+    rest = rest // O2
+    c1 = rest % O1
+    c0 = rest // O1
+    base = x_ptr + (c0 * XS0 + c1 * XS1 + c2 * XS2 + c3 * XS3)
     top = _pick(c0, c1, c2, c3, HPOS) * stride_h - pad_h
     left = _pick(c0, c1, c2, c3, WPOS) * stride_w - pad_w
-    corner = x_ptr + (c0 * XS0 + c1 * XS1 + c2 * XS2 + c3 * XS3 + top * XSH + left * XSW)
-    best = tl.full([BLOCK_R, BLOCK_I], float("-inf"), tl.float32)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
     for r in tl.static_range(KH):
-        row_ok = (top >= -r * dil_h) & (top < H - r * dil_h)
+        ih = top + r * dil_h
+        row_ok = live & (ih >= 0) & (ih < H)
         for s in tl.static_range(KW):
-            ok = live & row_ok & (left >= -s * dil_w) & (left < W - s * dil_w)
-            value = tl.load(corner + (r * dil_h * XSH + s * dil_w * XSW), mask=ok, other=float("-inf"))
-            value = value.to(tl.float32)
+            iw = left + s * dil_w
+            value = tl.load(base + ih * XSH + iw * XSW, mask=row_ok & (iw >= 0) & (iw < W),
+                            other=float("-inf")).to(tl.float32)
             best = tl.where((value > best) | (value != value), value, best)  # NaN wins, as in torch
-    tl.store(y_ptr + (row[:, None] * O3 + inner[None, :]), best.to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(y_ptr + idx, best.to(y_ptr.dtype.element_ty), mask=live)
 
 
 class BoundPool:
@@ -117,16 +113,13 @@ class BoundPool:
         self.shape = (n, c, *args.output_hw(h, w))
         sizes = [self.shape[dim] for dim in self.order]
         x_strides = [0 if dim in (2, 3) else strides[dim] for dim in self.order]
-        rows = sizes[0] * sizes[1] * sizes[2]
-        block_i = min(triton.next_power_of_2(sizes[3]), config.block // 8, 64)
-        block_r = config.block // block_i
-        wide = max(rows * sizes[3], x.numel()) >= 2 ** 31 - config.block * max(x.shape[2:])
-        self.grid = (triton.cdiv(rows, block_r), triton.cdiv(sizes[3], block_i))
-        self.scalars = (rows, *sizes[1:], *x_strides, strides[2], strides[3], h, w,
+        numel = n * c * self.shape[2] * self.shape[3]
+        wide = max(numel, x.numel()) >= 2 ** 31 - config.block
+        self.grid = (triton.cdiv(numel, config.block),)
+        self.scalars = (numel, *sizes[1:], *x_strides, strides[2], strides[3], h, w,
                         *args.stride, *args.padding, *args.dilation)
         self.meta = dict(KH=args.kernel_size[0], KW=args.kernel_size[1], HPOS=self.order.index(2),
-                         WPOS=self.order.index(3), WIDE=wide, BLOCK_R=block_r, BLOCK_I=block_i,
-                         num_warps=config.num_warps)
+                         WPOS=self.order.index(3), WIDE=wide, BLOCK=config.block, num_warps=config.num_warps)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.contiguous:
