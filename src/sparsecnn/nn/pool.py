@@ -19,8 +19,13 @@ def _runs_op(x: torch.Tensor) -> bool:
 
 
 def _pooled(x: torch.Tensor, args: PoolArgs) -> torch.Tensor:
-    fn = ops.max_pool2d if torch.compiler.is_compiling() else ops.max_pool2d_eager
-    return fn(x, list(args.kernel_size), list(args.stride), list(args.padding), list(args.dilation), args.ceil_mode)
+    """The op under torch.compile; eagerly its kernel's launcher, skipping the dispatcher and the
+    op's argument parsing (Python time that eager runs, CPU-bound, pay per call)."""
+    if torch.compiler.is_compiling():
+        return ops.max_pool2d(x, list(args.kernel_size), list(args.stride), list(args.padding), list(args.dilation),
+                              args.ceil_mode)
+    from ..kernels.triton.pool import max_pool2d as launch_max_pool2d
+    return launch_max_pool2d(x, args)
 
 
 def max_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
