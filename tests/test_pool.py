@@ -1,4 +1,4 @@
-"""Max pooling without indices (kernels/triton/pool.py, the `max_pool2d` op, nn.pool, the fx swap).
+"""Max pooling without indices (kernels/triton/pool.py, nn.pool, the fx swap).
 
 A max involves no rounding, so every output must equal F.max_pool2d's bitwise, in every layout
 and dtype; the output must keep the input's memory layout. CPU runs of the kernel need Triton's
@@ -10,8 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import needs_interpreter
-from sparsecnn import ops
-from sparsecnn.kernels.pool import PoolArgs, memory_order, pooled_empty
+from sparsecnn.kernels.pool import PoolArgs, memory_order
 from sparsecnn.nn import prepare_for_inference
 from sparsecnn.nn.pool import MaxPool2d, max_pool2d
 
@@ -123,21 +122,6 @@ def test_pool_args_are_checked_as_torch_checks_them():
         for h, w in [(13, 11), (14, 7), (5, 6)]:
             x = torch.empty(1, 1, h, w)
             assert PoolArgs.of(*pool).output_hw(h, w) == F.max_pool2d(x, *pool[:4], ceil_mode=pool[4]).shape[2:]
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_op_on_cpu_equals_torch_in_the_input_layout(layout):
-    x = laid_out(activation(), layout)
-    y = ops.max_pool2d(x, [3, 3], [2, 2], [1, 1], [1, 1], True)
-    assert torch.equal(y, F.max_pool2d(x, 3, 2, 1, ceil_mode=True))
-    assert memory_order(y) == expected_order(layout, x)
-    assert pooled_empty(x, PoolArgs.of(3, 2, 1, 1, True)).stride() == y.stride()
-
-
-@pytest.mark.parametrize("layout", ["nchw", "batch_inner"])
-def test_opcheck(layout):
-    torch.library.opcheck(ops.max_pool2d, (laid_out(activation((2, 3, 7, 6)), layout), [3, 3], [2, 2], [1, 1],
-                                            [1, 1], True))
 
 
 class Pools(nn.Module):

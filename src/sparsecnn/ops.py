@@ -30,9 +30,6 @@ entry below says otherwise.
         dense cuDNN with the epilogue fused: with relu on CUDA, one cuDNN fusion graph (aten's
         cudnn_convolution_relu / cudnn_convolution_add_relu, which have no fake implementation of
         their own); its output is channels_last when `channels_last`, else contiguous.
-    max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode)
-        F.max_pool2d without indices (kernels/triton/pool.py on CUDA, F.max_pool2d on the CPU),
-        its output in x's memory layout (NCHW, channels_last or batch-innermost (C, H, W, N)).
 
 Each op's `*_eager` twin is the same computation as a plain function: eager runs call it directly
 (`backends.KernelCall`), skipping the dispatcher and the custom op's autograd and dynamo wrappers,
@@ -63,11 +60,10 @@ import torch.nn.functional as F
 from torch.library import custom_op, register_fake
 
 from .kernels.configs import check_residual
-from .kernels.pool import PoolArgs, pooled_empty
 
 __all__ = ["blocks_conv2d", "blocks_conv2d_eager", "codegen_conv2d", "codegen_conv2d_eager", "codegen_kernel",
            "config_json", "direct_conv2d", "direct_conv2d_eager", "im2col_csr_conv2d", "im2col_csr_conv2d_eager",
-           "cudnn_fused_conv2d", "cudnn_fused_conv2d_eager", "max_pool2d", "max_pool2d_eager",
+           "cudnn_fused_conv2d", "cudnn_fused_conv2d_eager",
            "register_codegen"]
 
 
@@ -289,24 +285,3 @@ def _cudnn_fused_conv2d_fake(x, weight, bias, residual, stride, padding, dilatio
     return _fake_output(x, residual, weight.shape, stride, padding, dilation).contiguous(
         memory_format=_memory_format(channels_last))
 
-
-# --- max pooling ----------------------------------------------------------------------------------
-
-def max_pool2d_eager(x: torch.Tensor, kernel_size: List[int], stride: List[int], padding: List[int],
-                     dilation: List[int], ceil_mode: bool) -> torch.Tensor:
-    """F.max_pool2d(x, ...) without indices -> (N, C, P, Q) in x's memory layout (NCHW when x is
-    not dense in any). x: (N, C, H, W) float32, float16 or bfloat16."""
-    args = PoolArgs.of(kernel_size, stride, padding, dilation, ceil_mode)
-    if x.is_cuda:
-        from .kernels.triton.pool import max_pool2d as triton_max_pool2d
-        return triton_max_pool2d(x, args)
-    y = pooled_empty(x, args)
-    return y.copy_(F.max_pool2d(x, args.kernel_size, args.stride, args.padding, args.dilation, args.ceil_mode))
-
-
-max_pool2d = custom_op("sparsecnn::max_pool2d", max_pool2d_eager, mutates_args=())
-
-
-@register_fake("sparsecnn::max_pool2d")
-def _max_pool2d_fake(x, kernel_size, stride, padding, dilation, ceil_mode):
-    return pooled_empty(x, PoolArgs.of(kernel_size, stride, padding, dilation, ceil_mode))

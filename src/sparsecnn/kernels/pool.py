@@ -1,6 +1,6 @@
-"""Max pooling arguments and output layout, shared by the Triton pool kernel and its op.
+"""Max pooling arguments and output layout, for the Triton pool kernel and `nn.pool`.
 
-Imports neither triton nor CUDA (`ops.py` needs the shapes at import and in fake implementations).
+Imports neither triton nor CUDA (`nn.pool` checks its arguments at `import sparsecnn` time).
 A pooled output keeps its input's memory layout: NCHW stays NCHW, channels_last stays
 channels_last, and the batch-innermost (C, H, W, N) layout of `direct` "batch" layers stays
 batch-innermost, so the layer after a pool reads its input where the pool wrote it.
@@ -82,9 +82,3 @@ def empty_in_order(shape, order, like: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor of logical `shape`, dense with its dims laid out in `order`."""
     return torch.empty_permuted(tuple(shape), order, dtype=like.dtype, device=like.device)
 
-
-def pooled_empty(x: torch.Tensor, args: PoolArgs) -> torch.Tensor:
-    """The uninitialised (N, C, P, Q) output of pooling x, in x's memory layout."""
-    check_pool_input(x)
-    n, c, h, w = x.shape
-    return empty_in_order((n, c, *args.output_hw(h, w)), dense_order(x), x)
