@@ -103,6 +103,8 @@ def test_kernel_rejects_bad_input():
         triton_max_pool2d(torch.ones(2, 5, 5), args)
     with pytest.raises(ValueError, match="too small"):
         triton_max_pool2d(torch.ones(1, 2, 2, 2), args)
+    with pytest.raises(ValueError, match="grid y"):
+        triton_max_pool2d(torch.empty(1, 1, 6000, 6000), PoolArgs.of(1))  # refused before any launch
     with pytest.raises(ValueError, match="block"):
         PoolConfig(100, 4)
     with pytest.raises(ValueError, match="32 \\* num_warps"):

@@ -6,9 +6,11 @@ and copies any input that is neither NCHW nor channels_last (a batch-innermost a
 `direct` "batch" layers) to NCHW first. GoogLeNet's 13 max pools took 0.75 ms of its 2.9 ms
 sparsified forward on the H100 (fp32, N=32;
 `benchmarks/results/2026-11-22-h100-s12-profile-4439bc8.jsonl`). Here one program writes BLOCK
-consecutive outputs in memory order (coalesced stores) and reads each window's taps, which are
-contiguous along the layout's innermost dim (w for NCHW, n batch-innermost, c channels_last),
-with 32-bit index arithmetic unless the tensors are too large for it. On the H100 (N=32) this
+consecutive outputs of one plane of the two innermost dims in memory order (coalesced stores), the
+outer two dims' coordinates computed once per program and the inner size a constexpr (so the
+per-output div/mod is a multiply and shift), and reads each window's taps, which are contiguous
+along the layout's innermost dim (w for NCHW, n batch-innermost, c channels_last), with 32-bit
+index arithmetic unless the tensors are too large for it. On the H100 (N=32) this
 took 0.43 ms (fp32 NCHW) for GoogLeNet's 13 pools against 0.77 ms for F.max_pool2d, and 0.37
 against 0.62 ms for VGG16's five (`...-s12-max-pool-cbee33c.jsonl`). Tried and dropped: 2-D tiles (rows of
 the outer dims x a block of the innermost, one div/mod per row): 0.7-1.4x that speed across the
@@ -63,29 +65,29 @@ def _pick(c0, c1, c2, c3, POS: tl.constexpr):
         return c3
 
 
-@triton.jit(do_not_specialize=["numel", "O1", "O2", "O3", "XS0", "XS1", "XS2", "XS3", "XSH", "H", "W",
+@triton.jit(do_not_specialize=["O1", "O2", "XS0", "XS1", "XS2", "XS3", "XSH", "H", "W",
                                "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w"])
-def _max_pool2d_kernel(x_ptr, y_ptr, numel, O1, O2, O3, XS0, XS1, XS2, XS3, XSH, XSW, H, W,
-                       stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+def _max_pool2d_kernel(x_ptr, y_ptr, O1, O2, XS0, XS1, XS2, XS3, XSH, XSW, H, W,
+                       stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, O3: tl.constexpr,
                        KH: tl.constexpr, KW: tl.constexpr, HPOS: tl.constexpr, WPOS: tl.constexpr,
                        WIDE: tl.constexpr, BLOCK: tl.constexpr):
     """y[o] = max over the KH x KW window of output o, o in y's memory order.
 
     The output's dims in memory order (outermost first) have sizes (O0, O1, O2, O3); HPOS and
-    WPOS say which of them are P and Q. XS0..XS3: x's strides of those dims, 0 for P and Q;
-    XSH, XSW: x's strides along H and W. WIDE: int64 index arithmetic.
+    WPOS say which of them are P and Q. Program (i, j): outer index i over (O0, O1), outputs
+    j * BLOCK .. of the inner O2 x O3 plane. XS0..XS3: x's strides of those dims, 0 for P and Q;
+    XSH, XSW: x's strides along H and W. WIDE: int64 offsets.
     """
+    outer = tl.program_id(0)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     if WIDE:
-        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    else:
-        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = idx < numel
+        outer = outer.to(tl.int64)
+        idx = idx.to(tl.int64)
+    c0 = outer // O1
+    c1 = outer % O1
+    live = idx < O2 * O3
+    c2 = idx // O3  # O3 is a constexpr: a multiply and a shift, not a division
     c3 = idx % O3
-    rest = idx // O3
-    c2 = rest % O2
-    rest = rest // O2
-    c1 = rest % O1
-    c0 = rest // O1
     base = x_ptr + (c0 * XS0 + c1 * XS1 + c2 * XS2 + c3 * XS3)
     top = _pick(c0, c1, c2, c3, HPOS) * stride_h - pad_h
     left = _pick(c0, c1, c2, c3, WPOS) * stride_w - pad_w
@@ -98,7 +100,10 @@ def _max_pool2d_kernel(x_ptr, y_ptr, numel, O1, O2, O3, XS0, XS1, XS2, XS3, XSH,
             value = tl.load(base + ih * XSH + iw * XSW, mask=row_ok & (iw >= 0) & (iw < W),
                             other=float("-inf")).to(tl.float32)
             best = tl.where((value > best) | (value != value), value, best)  # NaN wins, as in torch
-    tl.store(y_ptr + idx, best.to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(y_ptr + (outer * (O2 * O3) + idx), best.to(y_ptr.dtype.element_ty), mask=live)
+
+
+_MAX_GRID_Y = 65535
 
 
 class BoundPool:
@@ -115,10 +120,13 @@ class BoundPool:
         x_strides = [0 if dim in (2, 3) else strides[dim] for dim in self.order]
         numel = n * c * self.shape[2] * self.shape[3]
         wide = max(numel, x.numel()) >= 2 ** 31 - config.block
-        self.grid = (triton.cdiv(numel, config.block),)
-        self.scalars = (numel, *sizes[1:], *x_strides, strides[2], strides[3], h, w,
+        self.grid = (sizes[0] * sizes[1], triton.cdiv(sizes[2] * sizes[3], config.block))
+        if self.grid[1] > _MAX_GRID_Y:
+            raise ValueError(f"max pool output planes of {sizes[2]} x {sizes[3]} need {self.grid[1]} programs along "
+                             f"CUDA's grid y (at most {_MAX_GRID_Y}): the kernel does not take an image this large")
+        self.scalars = (sizes[1], sizes[2], *x_strides, strides[2], strides[3], h, w,
                         *args.stride, *args.padding, *args.dilation)
-        self.meta = dict(KH=args.kernel_size[0], KW=args.kernel_size[1], HPOS=self.order.index(2),
+        self.meta = dict(O3=sizes[3], KH=args.kernel_size[0], KW=args.kernel_size[1], HPOS=self.order.index(2),
                          WPOS=self.order.index(3), WIDE=wide, BLOCK=config.block, num_warps=config.num_warps)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
