@@ -35,7 +35,8 @@ from .launch import launch
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """block: outputs per program; num_warps: warps per program."""
+    """block: outputs per program (the next power of two above a smaller plane's size, with at most
+    block / 32 warps); num_warps: warps per program."""
 
     block: int = 1024
     num_warps: int = 4
@@ -120,14 +121,18 @@ class BoundPool:
         x_strides = [0 if dim in (2, 3) else strides[dim] for dim in self.order]
         numel = n * c * self.shape[2] * self.shape[3]
         wide = max(numel, x.numel()) >= 2 ** 31 - config.block
-        self.grid = (sizes[0] * sizes[1], triton.cdiv(sizes[2] * sizes[3], config.block))
+        # A plane smaller than the block (GoogLeNet's 7x7 and 14x14 NCHW pools) gets a smaller
+        # program, else most of its lanes would idle.
+        block = min(config.block, max(32, triton.next_power_of_2(sizes[2] * sizes[3])))
+        num_warps = min(config.num_warps, block // 32)
+        self.grid = (sizes[0] * sizes[1], triton.cdiv(sizes[2] * sizes[3], block))
         if self.grid[1] > _MAX_GRID_Y:
             raise ValueError(f"max pool output planes of {sizes[2]} x {sizes[3]} need {self.grid[1]} programs along "
                              f"CUDA's grid y (at most {_MAX_GRID_Y}): the kernel does not take an image this large")
         self.scalars = (sizes[1], sizes[2], *x_strides, strides[2], strides[3], h, w,
                         *args.stride, *args.padding, *args.dilation)
         self.meta = dict(O3=sizes[3], KH=args.kernel_size[0], KW=args.kernel_size[1], HPOS=self.order.index(2),
-                         WPOS=self.order.index(3), WIDE=wide, BLOCK=config.block, num_warps=config.num_warps)
+                         WPOS=self.order.index(3), WIDE=wide, BLOCK=block, num_warps=num_warps)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.contiguous:
