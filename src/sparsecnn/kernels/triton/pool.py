@@ -10,11 +10,14 @@ consecutive outputs of one plane of the two innermost dims in memory order (coal
 outer two dims' coordinates computed once per program and the inner size a constexpr (so the
 per-output div/mod is a multiply and shift), and reads each window's taps, which are contiguous
 along the layout's innermost dim (w for NCHW, n batch-innermost, c channels_last), with 32-bit
-index arithmetic unless the tensors are too large for it. On the H100 (N=32) this
-took 0.43 ms (fp32 NCHW) for GoogLeNet's 13 pools against 0.77 ms for F.max_pool2d, and 0.37
-against 0.62 ms for VGG16's five (`...-s12-max-pool-cbee33c.jsonl`). Tried and dropped: 2-D tiles (rows of
-the outer dims x a block of the innermost, one div/mod per row): 0.7-1.4x that speed across the
-pools and layouts (`...-s12-max-pool-2835c60.jsonl`).
+index arithmetic unless the tensors are too large for it. On the H100 (N=32, sums over each
+model's pools, `...-s12-max-pool-16475dc.jsonl`): GoogLeNet's 13 pools 0.44 ms fp32 NCHW against
+0.77 ms for F.max_pool2d, 0.27 against 0.79 ms fp16 channels_last; VGG16's five 0.38 against 0.62 ms
+fp32 and 0.21 against 0.69 ms fp16. Tried: one program per block of all outputs in memory order,
+a runtime div/mod chain per output (`...-s12-max-pool-cbee33c.jsonl`): as fast on fp32 NCHW, 0.6x
+this speed on fp16 channels_last, where the integer work bound it; and 2-D tiles (rows of the
+outer dims x a block of the innermost dim, `...-s12-max-pool-2835c60.jsonl`): 0.7-1.4x the first
+version's speed.
 
 Semantics are F.max_pool2d's (bitwise: a max involves no rounding): -inf padding, ceil_mode,
 dilation, and a NaN anywhere in a window makes the output NaN.
