@@ -284,4 +284,3 @@ cudnn_fused_conv2d = custom_op("sparsecnn::cudnn_fused_conv2d", cudnn_fused_conv
 def _cudnn_fused_conv2d_fake(x, weight, bias, residual, stride, padding, dilation, groups, channels_last, relu):
     return _fake_output(x, residual, weight.shape, stride, padding, dilation).contiguous(
         memory_format=_memory_format(channels_last))
-

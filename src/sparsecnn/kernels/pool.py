@@ -59,13 +59,6 @@ class PoolArgs:
         return sizes[0], sizes[1]
 
 
-def check_pool_input(x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        raise ValueError(f"x must be a 4-D (N, C, H, W) tensor, got {tuple(getattr(x, 'shape', ()))}")
-    if x.dtype not in POOL_DTYPES:
-        raise TypeError(f"x dtype must be one of {POOL_DTYPES}, got {x.dtype}")
-
-
 def memory_order(x: torch.Tensor) -> Tuple[int, int, int, int]:
     """x's dims from outermost to innermost in memory (ties, e.g. size-1 dims, in logical order);
     x.permute(order) is contiguous when x is dense in some permutation of its dims."""

@@ -46,7 +46,8 @@ class MaxPool2d(nn.MaxPool2d):
     @classmethod
     def from_module(cls, pool: nn.MaxPool2d) -> "MaxPool2d":
         if pool.return_indices:
-            raise ValueError("a MaxPool2d with return_indices=True cannot be swapped: the op computes no indices")
+            raise ValueError("a MaxPool2d with return_indices=True cannot be swapped: "
+                             "our pool kernel computes no indices")
         return cls(pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
