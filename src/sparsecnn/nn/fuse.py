@@ -250,14 +250,34 @@ def _is_relu(gm: fx.GraphModule, node: fx.Node) -> bool:
                                 or (node.op == "call_method" and node.target in _RELU_METHODS))
 
 
+def _is_max_pool(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """An nn.MaxPool2d or F.max_pool2d call that returns no indices."""
+    pool = _module(gm, node)
+    if isinstance(pool, nn.MaxPool2d):
+        return not pool.return_indices
+    return node.op == "call_function" and node.target is F.max_pool2d and not _returns_indices(node)
+
+
+def _relu_input(gm: fx.GraphModule, relu: fx.Node) -> Optional[fx.Node]:
+    """The node whose output `relu` rectifies, seen through a max pool used only by it:
+    relu(max_pool(y)) == max_pool(relu(y)) exactly (a max commutes with a non-decreasing function,
+    NaN stays NaN, and every window holds an element of y), so the ReLU can go into y's conv."""
+    if not _is_relu(gm, relu):
+        return None
+    source = relu.args[0]
+    if isinstance(source, fx.Node) and _is_max_pool(gm, source) and len(source.users) == 1:
+        return source.args[0]
+    return source
+
+
 def _fuse_relus(gm: fx.GraphModule) -> List[str]:
-    """conv [with residual] -> relu becomes conv with activation="relu"."""
+    """conv [with residual] -> [max pool ->] relu becomes conv with activation="relu" [-> max pool]."""
     calls, fused = _module_calls(gm), []
     for relu in list(gm.graph.nodes):
-        conv = relu.args[0] if _is_relu(gm, relu) else None
+        conv = _relu_input(gm, relu)
         if conv is not None and _fusable(gm, conv, calls, residual_allowed=True):
             gm.get_submodule(conv.target).activation = "relu"
-            relu.replace_all_uses_with(conv)
+            relu.replace_all_uses_with(relu.args[0])
             gm.graph.erase_node(relu)
             fused.append(conv.target)
     return fused
@@ -288,7 +308,8 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
                           example_inputs: Optional[Sequence[torch.Tensor]] = None) -> fx.GraphModule:
     """`model` traced by torch.fx for inference: BatchNorms folded (`fold_batchnorm`), every called
     Conv1d/Conv2d replaced by a `SparseConv2d` (backend "dense") under its own module path, and the ReLU
-    and residual add after each conv fused into it (act(conv(x) + bias + residual)), and every max pool
+    and residual add after each conv fused into it (act(conv(x) + bias + residual); a ReLU after a max pool
+    of the conv's output too, as the two commute), and every max pool
     without indices swapped for `pool.MaxPool2d` / `pool.max_pool2d` (same values; on CUDA no argmax
     is written and the input's memory layout is kept).
 
