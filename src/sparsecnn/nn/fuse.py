@@ -73,7 +73,7 @@ def _trace(model: nn.Module) -> fx.GraphModule:
     return fx.GraphModule(model, graph, type(model).__name__)
 
 
-def _module(gm: fx.GraphModule, node) -> Optional[nn.Module]:
+def called_module(gm: fx.GraphModule, node) -> Optional[nn.Module]:
     """The module `node` calls, or None if it is not a call_module node."""
     if isinstance(node, fx.Node) and node.op == "call_module":
         return gm.get_submodule(node.target)
@@ -106,11 +106,11 @@ def _fold_batchnorms(gm: fx.GraphModule) -> Dict[str, str]:
     """Fold every eval-mode BatchNorm whose input is a conv output used by nothing else."""
     calls, folded = _module_calls(gm), {}
     for bn_node in list(gm.graph.nodes):
-        bn = _module(gm, bn_node)
+        bn = called_module(gm, bn_node)
         if bn is None or len(bn_node.args) != 1 or bn_node.kwargs:
             continue
         conv_node = bn_node.args[0]
-        conv = _module(gm, conv_node)
+        conv = called_module(gm, conv_node)
         if (conv is None or type(bn) is not _BATCHNORM_OF.get(type(conv)) or bn.running_mean is None
                 or len(conv_node.users) != 1 or calls[conv_node.target] != 1):
             continue
@@ -147,7 +147,7 @@ def _conv_masks(gm: fx.GraphModule, masks: Masks, pruned: Masks) -> Masks:
     the `torch.nn.utils.prune` mask, else the weight's non-zeros (taken before any BatchNorm fold)."""
     found = {}
     for node in gm.graph.nodes:
-        conv = _module(gm, node)
+        conv = called_module(gm, node)
         if type(conv) in _BATCHNORM_OF:
             mask = masks.get(node.target, pruned.get(node.target))
             found[node.target] = conv.weight.detach() != 0 if mask is None else mask
@@ -166,7 +166,7 @@ def _to_sparse(gm: fx.GraphModule, masks: Masks) -> None:
 
 def _fusable(gm: fx.GraphModule, node, calls: Counter, *, residual_allowed: bool) -> bool:
     """Whether `node` is the only use of a once-called `SparseConv2d` with no epilogue yet."""
-    layer = _module(gm, node)
+    layer = called_module(gm, node)
     return (isinstance(layer, SparseConv2d) and layer.activation == "none" and calls[node.target] == 1
             and len(node.users) == 1 and len(node.args) == 1
             and set(node.kwargs) <= ({"residual"} if residual_allowed else set()))
@@ -223,7 +223,7 @@ def _residual_ready(gm: fx.GraphModule, conv: fx.Node, add: fx.Node, residual: f
     between = _nodes_between(conv, add)
     if residual not in between:
         return True
-    return all(node.op == "call_module" and not getattr(_module(gm, node), "inplace", False)
+    return all(node.op == "call_module" and not getattr(called_module(gm, node), "inplace", False)
                for node in between)
 
 
@@ -245,14 +245,14 @@ def _fuse_adds(gm: fx.GraphModule) -> List[str]:
 
 
 def _is_relu(gm: fx.GraphModule, node: fx.Node) -> bool:
-    return bool(node.args) and (isinstance(_module(gm, node), nn.ReLU)
+    return bool(node.args) and (isinstance(called_module(gm, node), nn.ReLU)
                                 or (node.op == "call_function" and node.target in _RELU_FUNCTIONS)
                                 or (node.op == "call_method" and node.target in _RELU_METHODS))
 
 
 def _is_max_pool(gm: fx.GraphModule, node: fx.Node) -> bool:
     """An nn.MaxPool2d or F.max_pool2d call that returns no indices."""
-    pool = _module(gm, node)
+    pool = called_module(gm, node)
     if isinstance(pool, nn.MaxPool2d):
         return not pool.return_indices
     return node.op == "call_function" and node.target is F.max_pool2d and not _returns_indices(node)
@@ -293,14 +293,16 @@ def _swap_max_pools(gm: fx.GraphModule) -> List[str]:
     """nn.MaxPool2d -> `MaxPool2d` and F.max_pool2d -> `max_pool2d`, where no indices are asked for."""
     swapped = []
     for node in gm.graph.nodes:
-        pool = _module(gm, node)
-        if type(pool) is nn.MaxPool2d and not pool.return_indices:
+        pool = called_module(gm, node)
+        if not _is_max_pool(gm, node) or isinstance(pool, MaxPool2d):  # already ours (a module called twice)
+            continue
+        if pool is None:
+            node.target = max_pool2d
+            swapped.append(node.name)
+        else:
             parent, _, child = node.target.rpartition(".")
             setattr(gm.get_submodule(parent), child, MaxPool2d.from_module(pool))
             swapped.append(node.target)
-        elif node.op == "call_function" and node.target is F.max_pool2d and not _returns_indices(node):
-            node.target = max_pool2d
-            swapped.append(node.name)
     return swapped
 
 

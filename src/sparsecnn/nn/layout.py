@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..autotune import Candidate, Timer
+from .fuse import called_module
 from .pool import MaxPool2d, max_pool2d
 from .sparse_conv import SparseConv2d
 
@@ -43,16 +44,14 @@ def batch_inner_candidates(model: nn.Module, tuned: Dict[str, SparseConv2d]) -> 
     if not isinstance(model, torch.fx.GraphModule):
         return []
 
-    def module(node):
-        return model.get_submodule(node.target) if node.op == "call_module" else None
-
     def batch_node(node) -> bool:
         return node.op == "call_module" and _is_batch(tuned.get(node.target))
 
     def takes_batch_inner(node) -> bool:
-        if batch_node(node) or isinstance(module(node), nn.AdaptiveAvgPool2d):
+        if batch_node(node) or isinstance(called_module(model, node), nn.AdaptiveAvgPool2d):
             return True
-        keeps_layout = isinstance(module(node), MaxPool2d) or (node.op == "call_function" and node.target is max_pool2d)
+        keeps_layout = (isinstance(called_module(model, node), MaxPool2d)
+                        or (node.op == "call_function" and node.target is max_pool2d))
         return keeps_layout and bool(node.users) and all(takes_batch_inner(user) for user in node.users)
 
     return [node.target for node in model.graph.nodes
