@@ -13,11 +13,11 @@ along the layout's innermost dim (w for NCHW, n batch-innermost, c channels_last
 index arithmetic unless the tensors are too large for it. On the H100 (N=32, sums over each
 model's pools, `...-s12-max-pool-16475dc.jsonl`): GoogLeNet's 13 pools 0.44 ms fp32 NCHW against
 0.77 ms for F.max_pool2d, 0.27 against 0.79 ms fp16 channels_last; VGG16's five 0.38 against 0.62 ms
-fp32 and 0.21 against 0.69 ms fp16. Tried: one program per block of all outputs in memory order,
-a runtime div/mod chain per output (`...-s12-max-pool-cbee33c.jsonl`): as fast on fp32 NCHW, 0.6x
-this speed on fp16 channels_last, where the integer work bound it; and 2-D tiles (rows of the
-outer dims x a block of the innermost dim, `...-s12-max-pool-2835c60.jsonl`): 0.7-1.4x the first
-version's speed.
+fp32 and 0.21 against 0.69 ms fp16. Tried (GoogLeNet's pools, speedup over F.max_pool2d in the same
+run, fp32 NCHW / fp16 channels_last; this kernel: 1.74x / 2.88x): one program per block of all
+outputs in memory order with a runtime div/mod chain per output, 1.76x / 1.82x
+(`...-s12-max-pool-cbee33c.jsonl`; the integer work bound it in fp16); 2-D tiles (rows of the
+outer dims x a block of the innermost dim), 1.66x / 1.66x (`...-s12-max-pool-2835c60.jsonl`).
 
 Semantics are F.max_pool2d's (bitwise: a max involves no rounding): -inf padding, ceil_mode,
 dilation, and a NaN anywhere in a window makes the output NaN.
