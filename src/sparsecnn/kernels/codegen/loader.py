@@ -18,6 +18,7 @@ from typing import Sequence, Tuple
 import numpy as np
 
 LOADERS = ("cuda-python", "cupy")
+_DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use without opting in
 Dim3 = Tuple[int, int, int]
 
 
@@ -41,14 +42,14 @@ def loader_name() -> str:
                            "kernels; pip install cuda-python") from exc
 
 
-def load_kernel(cubin: bytes, name: str, device_index: int, loader: str = ""):
+def load_kernel(cubin: bytes, name: str, device_index: int, loader: str = "", dynamic_smem: int = 0):
     """The kernel `name` of `cubin` on CUDA device `device_index`; `.launch(grid, block, pointers,
-    ints, stream)` enqueues it."""
+    ints, stream)` enqueues it with `dynamic_smem` bytes of dynamic shared memory."""
     loader = loader or loader_name()
     if loader == "cuda-python":
-        return _CudaPythonKernel(cubin, name, device_index)
+        return _CudaPythonKernel(cubin, name, device_index, dynamic_smem)
     if loader == "cupy":
-        return _CupyKernel(cubin, name, device_index)
+        return _CupyKernel(cubin, name, device_index, dynamic_smem)
     raise ValueError(f"unknown loader {loader!r}; expected one of {LOADERS}")
 
 
@@ -68,7 +69,7 @@ class _CudaPythonKernel:
     context at all gets the primary context made current here.
     """
 
-    def __init__(self, cubin: bytes, name: str, device_index: int):
+    def __init__(self, cubin: bytes, name: str, device_index: int, dynamic_smem: int = 0):
         self.driver = driver = _cuda_driver()
         self.device_index = device_index
         self._check(driver.cuInit(0), "cuInit")
@@ -77,6 +78,10 @@ class _CudaPythonKernel:
         image = np.frombuffer(cubin, dtype=np.uint8).copy()
         self.module = self._check(driver.cuModuleLoadData(image.ctypes.data), "cuModuleLoadData")
         self.function = self._check(driver.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
+        self.dynamic_smem = dynamic_smem
+        if dynamic_smem > _DEFAULT_SMEM_LIMIT:
+            attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self._check(driver.cuFuncSetAttribute(self.function, attribute, dynamic_smem), "cuFuncSetAttribute")
         self._lock = threading.Lock()
         self._arity = None
 
@@ -106,7 +111,8 @@ class _CudaPythonKernel:
                 self._arguments(len(pointers), len(ints))
             self._pointers[:] = pointers
             self._ints[:] = ints
-            args = (self.function, *grid, *block, 0, self.driver.CUstream(stream), self._params.ctypes.data, 0)
+            args = (self.function, *grid, *block, self.dynamic_smem, self.driver.CUstream(stream),
+                    self._params.ctypes.data, 0)
             result = self.driver.cuLaunchKernel(*args)
             if result[0] == self.driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread new to CUDA
                 self._make_primary_current()
@@ -117,7 +123,7 @@ class _CudaPythonKernel:
 class _CupyKernel:
     """CuPy's cuda.function.Module (driver module load) and Function launch on an external stream."""
 
-    def __init__(self, cubin: bytes, name: str, device_index: int):
+    def __init__(self, cubin: bytes, name: str, device_index: int, dynamic_smem: int = 0):
         import cupy
         from cupy.cuda import function
 
@@ -127,9 +133,12 @@ class _CupyKernel:
             self.module = function.Module()
             self.module.load(cubin)
             self.function = self.module.get_function(name)
+            if dynamic_smem > _DEFAULT_SMEM_LIMIT:
+                self.function.max_dynamic_shared_size_bytes = dynamic_smem
+        self.dynamic_smem = dynamic_smem
 
     def launch(self, grid: Dim3, block: Dim3, pointers: Sequence[int], ints: Sequence[int], stream: int) -> None:
         args = tuple(np.uint64(p) for p in pointers) + tuple(np.int32(i) for i in ints)
         with self.cupy.cuda.Device(self.device_index):
-            self.function(tuple(grid), tuple(block), args,
+            self.function(tuple(grid), tuple(block), args, shared_mem=self.dynamic_smem,
                           stream=self.cupy.cuda.ExternalStream(stream, self.device_index))

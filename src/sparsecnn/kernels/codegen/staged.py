@@ -1,0 +1,425 @@
+"""Direct sparse convolution with the input tile staged in shared memory (fp32, CUDA C compiled at
+run time for each layer geometry and config; the weights are data, not code).
+
+Why. The Triton "batch" kernel (`kernels/triton/direct_batch.py`) gathers each input from L1/L2
+per multiply-add: its programs of one channel share nothing on chip, and Nsight Compute found it
+L2-bound (L1 hit rate 40%) at ~12 FMAs per clock per SM. Here a block of `warps` warps computes
+`warps x rows_per_warp` output channels of one output tile (tile_h x tile_w pixels x 32 images)
+and stages the tile's input window in shared memory, chunk_c input channels at a time (cp.async,
+double-buffered, zeros outside the image: padding costs nothing): every staged value is read by
+all the block's channels, so L2 traffic falls by that factor, and a read from shared memory has
+no tag lookup or miss. The bound becomes shared-memory bandwidth: one 16-byte read per lane feeds
+4 FMAs (128 bytes per clock per SM: 32 FMAs per clock per SM).
+
+Layout. The input is batch-innermost, (N, C, H, W) stored as (C, H, W, N) (what "batch" layers
+write; anything else is transposed first), N a multiple of 32: one staged position is the 32
+images of one (c, h, w), 128 contiguous bytes, read by 8 lanes as float4s. Lane l owns images
+4 (l % 8) .. 4 (l % 8) + 3 of pixel l // 8 of every group of 4 adjacent pixels of the tile
+(tile_w % 4 == 0), so a warp's read covers 4 whole 128-byte rows (no bank conflicts) and the
+pixel groups of a lane differ by compile-time offsets. The output (N, K, P, Q) has any strides;
+batch-innermost outputs are written as float4s.
+
+Non-zeros. `formats.StagedCSRWeight`: per row (output channel, load-balanced across warps), per
+chunk of input channels, (weight bits, offset into the staged tile) int32 pairs: one uniform
+8-byte load per non-zero and warp, then tile_h * tile_w / 4 shared reads and 4x as many FMAs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from ...formats.staged import StagedCSRWeight
+from ...layers import ConvSpec
+from ..configs import (check_kernel_shape, check_residual, check_triton_input, config_from_dict, launch_spec,
+                       stride_padding)
+from ..triton.direct_batch import padded_batch_inner
+from . import toolchain
+from .toolchain import DiskCache
+
+KERNEL_NAME = "sparsecnn_staged_conv"
+IMAGES = 32          # images per block: 8 lanes x 4 floats
+LANES_PER_POSITION = IMAGES // 4
+MAX_SMEM_BYTES = 227 * 1024   # sm_90: dynamic shared memory per block
+_MAX_ACCUMULATORS = 128       # floats per thread; beyond this the accumulators spill
+_MAX_GRID_Y = 65535
+OUT_LAYOUTS = ("nchw", "batch_inner")
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedConfig:
+    """tile_h x tile_w: output pixels per block (tile_w a multiple of 4, tile_h * tile_w <= 32);
+    chunk_c: input channels staged at a time (1..64); rows_per_warp: output channels per warp
+    (1..16); warps: warps per block (1, 2, 4, 8). Each thread keeps rows_per_warp x tile_h x
+    tile_w accumulators (at most 128). out_layout: the layout of a new output, "nchw" (contiguous)
+    or "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N), which the next staged or direct "batch"
+    layer reads without a transpose); not tuned: `nn.layout` sets it."""
+
+    tile_h: int = 2
+    tile_w: int = 4
+    chunk_c: int = 16
+    rows_per_warp: int = 4
+    warps: int = 8
+    out_layout: str = "nchw"
+
+    def __post_init__(self):
+        for name, low, high in (("tile_h", 1, 8), ("tile_w", 4, 32), ("chunk_c", 1, 64), ("rows_per_warp", 1, 16)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"StagedConfig.{name} must be an int in {low}..{high}, got {value!r}")
+        if self.tile_w % 4:
+            raise ValueError(f"StagedConfig.tile_w must be a multiple of 4, got {self.tile_w}")
+        if self.tile_h * self.tile_w > 32:
+            raise ValueError(f"StagedConfig tile {self.tile_h}x{self.tile_w} has more than 32 pixels")
+        if self.warps not in (1, 2, 4, 8):
+            raise ValueError(f"StagedConfig.warps must be 1, 2, 4 or 8, got {self.warps!r}")
+        if self.out_layout not in OUT_LAYOUTS:
+            raise ValueError(f"StagedConfig.out_layout must be one of {OUT_LAYOUTS}, got {self.out_layout!r}")
+        if self.accumulators > _MAX_ACCUMULATORS:
+            raise ValueError(f"StagedConfig: rows_per_warp * tile_h * tile_w = {self.accumulators} accumulators "
+                             f"per thread (max {_MAX_ACCUMULATORS})")
+
+    @property
+    def accumulators(self) -> int:
+        return self.rows_per_warp * self.tile_h * self.tile_w
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.rows_per_warp * self.warps
+
+    def halo(self, spec: ConvSpec) -> Tuple[int, int]:
+        """Input positions (rows, columns) one tile reads."""
+        return (self.tile_h - 1) * spec.stride[0] + spec.R, (self.tile_w - 1) * spec.stride[1] + spec.S
+
+    def smem_bytes(self, spec: ConvSpec) -> int:
+        """Dynamic shared memory of a block: two stages of chunk_c x halo x 32 images, fp32."""
+        halo_h, halo_w = self.halo(spec)
+        return 2 * self.chunk_c * halo_h * halo_w * IMAGES * 4
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> "StagedConfig":
+        return config_from_dict(cls, saved)
+
+
+def check_layer(spec: ConvSpec, config: StagedConfig) -> None:
+    """ValueError unless the kernel can run `spec` (groups and dilation 1 are the caller's) with `config`."""
+    if spec.N % IMAGES:
+        raise ValueError(f"the staged kernel needs a batch size N that is a multiple of {IMAGES}, got {spec.N}")
+    if config.smem_bytes(spec) > MAX_SMEM_BYTES:
+        raise ValueError(f"StagedConfig {config} needs {config.smem_bytes(spec)} bytes of shared memory for "
+                         f"{spec.R}x{spec.S} stride {spec.stride} (max {MAX_SMEM_BYTES}): lower chunk_c or the tile")
+    if spec.N // IMAGES > _MAX_GRID_Y:
+        raise ValueError(f"batch {spec.N} needs more than {_MAX_GRID_Y} image blocks")
+
+
+def candidate_configs(spec: ConvSpec) -> list:
+    """Configs for the autotuner that fit the layer, the heuristic default first."""
+    shapes = ((2, 4, 8, 8), (4, 4, 4, 8), (1, 4, 16, 8), (2, 8, 4, 8), (2, 4, 4, 8))
+    configs = []
+    for tile_h, tile_w, rows_per_warp, warps in shapes:
+        for chunk_c in (16, 8, 4, 2, 1):
+            config = StagedConfig(tile_h, tile_w, chunk_c, rows_per_warp, warps)
+            if config.smem_bytes(spec) <= MAX_SMEM_BYTES // 2:
+                configs.append(config)
+                break
+    return configs
+
+
+def kernel_source(spec: ConvSpec, config: StagedConfig, relu: bool, has_bias: bool, has_residual: bool,
+                  out_vectors: bool) -> str:
+    """CUDA C of the kernel for one geometry (R, S, stride), config and epilogue.
+
+    out_vectors: the output (and residual) is batch-innermost (stride 1 along N, 16-byte aligned),
+    so each lane stores its 4 images as one float4.
+    """
+    halo_h, halo_w = config.halo(spec)
+    pixel_offsets = ", ".join(
+        str((((t * 4) // config.tile_w) * spec.stride[0] * halo_w + ((t * 4) % config.tile_w) * spec.stride[1])
+            * LANES_PER_POSITION)
+        for t in range(config.tile_h * config.tile_w // 4))
+    defines = dict(TH=config.tile_h, TW=config.tile_w, SH=spec.stride[0], SW=spec.stride[1], HALO_H=halo_h,
+                   HALO_W=halo_w, CC=config.chunk_c, CPW=config.rows_per_warp, WARPS=config.warps,
+                   RELU=int(relu), HAS_BIAS=int(has_bias), HAS_RES=int(has_residual), OUT_VEC=int(out_vectors))
+    header = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    return header + f"#define PIXEL_OFFSETS {{{pixel_offsets}}}\n" + COPY_PRIMITIVES + _BODY
+
+
+# The asynchronous copies (cp.async: 16 bytes global -> shared, or 16 zero bytes when told to read
+# 0) and their waits; tests swap these for plain copies to run the kernel as C++ on the CPU.
+COPY_PRIMITIVES = r"""
+static __device__ __forceinline__ void cp_async16(float4* dst, const void* src, int bytes) {
+  const unsigned to = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(to), "l"(src), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+static __device__ __forceinline__ void cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+static __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+"""
+
+_BODY = r"""
+#define PPL (TH * TW / 4)
+#define LPP 8
+#define STAGE_F4 (CC * HALO_H * HALO_W * LPP)
+#define THREADS (WARPS * 32)
+
+// Stage input channels c0 .. c0 + CC - 1 of the tile's window: element i of the stage is
+// ((c - c0) * HALO_H + hh) * HALO_W + ww) * LPP + q (q: the 16-byte quarter of the 32 images).
+static __device__ __forceinline__ void stage_chunk(float4* dst, const float* __restrict__ x, int c0, int C, int H,
+                                                   int W, int N, int ih0, int iw0, int n0) {
+  for (int i = threadIdx.x; i < STAGE_F4; i += THREADS) {
+    const int q = i % LPP, pos = i / LPP;
+    const int ww = pos % HALO_W, rest = pos / HALO_W;
+    const int hh = rest % HALO_H, cl = rest / HALO_H;
+    const int c = c0 + cl, h = ih0 + hh, w = iw0 + ww;
+    const bool inside = c < C && h >= 0 && h < H && w >= 0 && w < W;
+    const float* src = inside ? x + ((((long long)c * H + h) * W + w) * N + n0 + q * 4) : x;
+    cp_async16(dst + i, src, inside ? 16 : 0);   // 0 bytes read: the 16 are zero-filled
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, const int* __restrict__ chunk_ptr,
+                      const int* __restrict__ channel, const float* __restrict__ bias,
+                      const float* __restrict__ res, float* __restrict__ y,
+                      int C, int H, int W, int N, int P, int Q, int pad_h, int pad_w, int tiles_w, int groups,
+                      int n_chunks, int ys_n, int ys_k, int ys_h, int ys_w) {
+  extern __shared__ float4 smem[];
+  const int pixel_offset[PPL] = PIXEL_OFFSETS;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int group = blockIdx.x % groups, tile = blockIdx.x / groups;
+  const int oh0 = (tile / tiles_w) * TH, ow0 = (tile % tiles_w) * TW;
+  const int n0 = blockIdx.y * 32;
+  const int ih0 = oh0 * SH - pad_h, iw0 = ow0 * SW - pad_w;
+  const int row0 = (group * WARPS + warp) * CPW;
+  const int lane_base = (lane / LPP) * SW * LPP + lane % LPP;
+
+  float4 acc[CPW][PPL];
+#pragma unroll
+  for (int i = 0; i < CPW; ++i)
+#pragma unroll
+    for (int t = 0; t < PPL; ++t) acc[i][t] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+  stage_chunk(smem, x, 0, C, H, W, N, ih0, iw0, n0);
+  cp_commit();
+  for (int ch = 0; ch < n_chunks; ++ch) {
+    if (ch + 1 < n_chunks) {
+      stage_chunk(smem + ((ch + 1) & 1) * STAGE_F4, x, (ch + 1) * CC, C, H, W, N, ih0, iw0, n0);
+      cp_commit();
+      cp_wait_all_but_one();
+    } else {
+      cp_wait_all();
+    }
+    __syncthreads();
+    const float4* tile_in = smem + (ch & 1) * STAGE_F4 + lane_base;
+#pragma unroll
+    for (int i = 0; i < CPW; ++i) {
+      const int* ptr = chunk_ptr + (row0 + i) * (n_chunks + 1) + ch;
+      const int begin = __ldg(ptr), end = __ldg(ptr + 1);
+#pragma unroll 2
+      for (int j = begin; j < end; ++j) {
+        const int2 e = __ldg(nz + j);
+        const float w = __int_as_float(e.x);
+        const float4* p = tile_in + e.y;
+#pragma unroll
+        for (int t = 0; t < PPL; ++t) {
+          const float4 v = p[pixel_offset[t]];
+          acc[i][t].x = __fmaf_rn(w, v.x, acc[i][t].x);
+          acc[i][t].y = __fmaf_rn(w, v.y, acc[i][t].y);
+          acc[i][t].z = __fmaf_rn(w, v.z, acc[i][t].z);
+          acc[i][t].w = __fmaf_rn(w, v.w, acc[i][t].w);
+        }
+      }
+    }
+    __syncthreads();   // the next iteration stages into the buffer just read
+  }
+
+  const int n = n0 + (lane % LPP) * 4;
+#pragma unroll
+  for (int i = 0; i < CPW; ++i) {
+    const int k = __ldg(channel + row0 + i);
+    if (k < 0) continue;
+    const float b = HAS_BIAS ? __ldg(bias + k) : 0.f;
+#pragma unroll
+    for (int t = 0; t < PPL; ++t) {
+      const int oh = oh0 + (t * 4) / TW, ow = ow0 + (t * 4) % TW + lane / LPP;
+      if (oh >= P || ow >= Q) continue;
+      const long long at = (long long)k * ys_k + (long long)oh * ys_h + (long long)ow * ys_w + (long long)n * ys_n;
+      float v[4] = {acc[i][t].x + b, acc[i][t].y + b, acc[i][t].z + b, acc[i][t].w + b};
+      if (HAS_RES) {
+        if (OUT_VEC) {
+          const float4 r = *reinterpret_cast<const float4*>(res + at);
+          v[0] += r.x; v[1] += r.y; v[2] += r.z; v[3] += r.w;
+        } else {
+#pragma unroll
+          for (int u = 0; u < 4; ++u) v[u] += res[at + (long long)u * ys_n];
+        }
+      }
+      if (RELU) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = fmaxf(v[u], 0.f);
+      }
+      if (OUT_VEC) {
+        *reinterpret_cast<float4*>(y + at) = make_float4(v[0], v[1], v[2], v[3]);
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) y[at + (long long)u * ys_n] = v[u];
+      }
+    }
+  }
+}
+"""
+
+
+class _Compiled:
+    """One kernel's cubin, loaded per device on first use."""
+
+    def __init__(self, cubin: bytes, smem_bytes: int):
+        self.cubin, self.smem_bytes = cubin, smem_bytes
+        self._kernels: Dict[int, object] = {}
+        self._lock = threading.Lock()
+
+    def kernel(self, device_index: int):
+        with self._lock:
+            if device_index not in self._kernels:
+                from .loader import load_kernel
+
+                self._kernels[device_index] = load_kernel(self.cubin, KERNEL_NAME, device_index,
+                                                          dynamic_smem=self.smem_bytes)
+            return self._kernels[device_index]
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_kernel(spec: ConvSpec, config: StagedConfig, relu: bool, has_bias: bool, has_residual: bool,
+                    out_vectors: bool) -> _Compiled:
+    """The kernel for this geometry (only R, S and the stride of `spec` matter), config and
+    epilogue: its cubin from the disk cache (keyed by source and toolchain) or nvcc/ptxas."""
+    source = kernel_source(spec, config, relu, has_bias, has_residual, out_vectors)
+    cache = DiskCache()
+    key = toolchain.cache_key("staged", source, toolchain.toolchain_id())
+    cubin = cache.get(key, "cubin")
+    if cubin is None:
+        with cache.exclusive(key):
+            cubin = cache.get(key, "cubin")
+            if cubin is None:
+                ptx, _ = toolchain.nvcc_ptx(source)
+                cubin, _, _ = toolchain.ptxas_cubin(ptx)
+                cache.put(key, "cubin", cubin)
+    return _Compiled(cubin, config.smem_bytes(spec))
+
+
+def _geometry(spec: ConvSpec) -> ConvSpec:
+    """What a kernel's source depends on: the kernel size and stride (the rest is runtime ints)."""
+    return ConvSpec(IMAGES, 1, 1, spec.R, spec.S, spec.R, spec.S, spec.stride, (0, 0))
+
+
+def pack_weight(weight: torch.Tensor, config: StagedConfig) -> StagedCSRWeight:
+    """The layer's dense (K, C, R, S) weight (zeros pruned) packed for `config`, on weight's device."""
+    return StagedCSRWeight.from_dense(weight, config.chunk_c, config.rows_per_warp, config.warps)
+
+
+def weight_arrays(packed: StagedCSRWeight, spec: ConvSpec, config: StagedConfig) -> Tuple[torch.Tensor, ...]:
+    """(entries, chunk_ptr, channel): what the kernel reads for `spec` (entries depend on its stride)."""
+    if packed.chunk_c != config.chunk_c or packed.channel.numel() % config.rows_per_block:
+        raise ValueError(f"weight packed for chunk_c={packed.chunk_c} and {packed.channel.numel()} rows does not "
+                         f"fit config {config}: pack it with this config")
+    return packed.entries(*config.halo(spec), LANES_PER_POSITION), packed.chunk_ptr, packed.channel
+
+
+def new_output(shape: Tuple[int, ...], x: torch.Tensor, config: StagedConfig) -> torch.Tensor:
+    """An uninitialised (N, K, P, Q) float32 output in config.out_layout."""
+    if config.out_layout == "batch_inner":
+        n, k, p, q = shape
+        return torch.empty(k, p, q, n, dtype=x.dtype, device=x.device).permute(3, 0, 1, 2)
+    return torch.empty(shape, dtype=x.dtype, device=x.device)
+
+
+def launch_geometry(spec: ConvSpec, config: StagedConfig, n_rows: int, n_chunks: int,
+                    out_strides) -> Tuple[Tuple[int, int, int], Tuple[int, ...]]:
+    """(grid, the kernel's int arguments) for `spec` with an output of `out_strides` (elements,
+    (N, K, P, Q) order): blocks are (channel group fastest, then output tile) x image blocks."""
+    tiles_w = -(-spec.Q // config.tile_w)
+    tiles = -(-spec.P // config.tile_h) * tiles_w
+    groups = n_rows // config.rows_per_block
+    grid = (tiles * groups, spec.N // IMAGES, 1)
+    ints = (spec.C, spec.H, spec.W, spec.N, spec.P, spec.Q, spec.padding[0], spec.padding[1], tiles_w, groups,
+            n_chunks, *out_strides)
+    return grid, ints
+
+
+def _check_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tensor, channel: torch.Tensor,
+                  spec: ConvSpec, config: StagedConfig) -> None:
+    n_chunks = -(-spec.C // config.chunk_c)
+    rows = channel.numel()
+    if (entries.dtype != torch.int32 or entries.dim() != 2 or entries.shape[1] != 2
+            or chunk_ptr.dtype != torch.int32 or chunk_ptr.shape != (rows, n_chunks + 1)
+            or channel.dtype != torch.int32 or channel.dim() != 1 or rows % config.rows_per_block or rows < spec.K):
+        raise ValueError(f"packed arrays do not fit {spec.K} channels in chunks of {config.chunk_c} of {spec.C} "
+                         f"inputs with {config.rows_per_block} rows per block: entries {entries.dtype} "
+                         f"{tuple(entries.shape)}, chunk_ptr {chunk_ptr.dtype} {tuple(chunk_ptr.shape)}, channel "
+                         f"{channel.dtype} {tuple(channel.shape)}")
+    for name, tensor in (("entries", entries), ("chunk_ptr", chunk_ptr), ("channel", channel)):
+        if tensor.device != x.device or not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous on {x.device}, got {tensor.device}")
+
+
+def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tensor, channel: torch.Tensor,
+                         kernel_shape, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], stride,
+                         padding, config: StagedConfig, relu: bool = False,
+                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """act(conv(x) + bias + residual), the launcher the op `sparsecnn::staged_conv2d` binds.
+
+    x: (N, C, H, W) float32 CUDA, N a multiple of 32, any strides (batch-innermost is read in
+    place, anything else is transposed first); entries/chunk_ptr/channel: `weight_arrays` for this
+    layer and config; kernel_shape (K, C, R, S); bias: (K,) or None; residual: (N, K, P, Q) or
+    None; out: (N, K, P, Q) float32 with any strides (default: new, in config.out_layout).
+    Returns out.
+    """
+    (sh, sw), (ph, pw) = stride_padding(stride, padding)
+    check_triton_input(x, "staged", (torch.float32,))
+    if not x.is_cuda:
+        raise ValueError(f"x must be on CUDA for the staged kernel, got {x.device}")
+    kernel_k, kernel_c, _, _ = check_kernel_shape(tuple(kernel_shape))
+    if x.shape[1] != kernel_c:
+        raise ValueError(f"x has {x.shape[1]} channels, the weight expects {kernel_c}")
+    spec = launch_spec(tuple(x.shape), tuple(kernel_shape), (sh, sw), (ph, pw))
+    check_layer(spec, config)
+    _check_arrays(x, entries, chunk_ptr, channel, spec, config)
+    check_residual(residual, spec.output_shape, x)
+    if bias is not None and (bias.shape != (kernel_k,) or bias.dtype != torch.float32 or bias.device != x.device):
+        raise ValueError(f"bias must be a float32 ({kernel_k},) tensor on {x.device}, got {bias.dtype} "
+                         f"{tuple(bias.shape)} on {bias.device}")
+    if out is None:
+        out = new_output(spec.output_shape, x, config)
+    elif out.shape != spec.output_shape or out.dtype != torch.float32 or out.device != x.device:
+        raise ValueError(f"out must be a float32 {spec.output_shape} tensor on {x.device}, got {out.dtype} "
+                         f"{tuple(out.shape)} on {out.device}")
+    if spec.N == 0:
+        return out
+    xt = padded_batch_inner(x, 0, 0)
+    out_vectors = out.stride(0) == 1 and out.data_ptr() % 16 == 0 and all(s % 4 == 0 for s in out.stride()[1:])
+    if residual is not None and residual.stride() != out.stride():
+        residual = torch.empty_like(out).copy_(residual)   # the epilogue reads it at out's offsets
+    bias = None if bias is None else bias.contiguous()
+    compiled = compiled_kernel(_geometry(spec), config, relu, bias is not None, residual is not None, out_vectors)
+    grid, ints = launch_geometry(spec, config, channel.numel(), chunk_ptr.shape[1] - 1, out.stride())
+    pointers = (xt.data_ptr(), entries.data_ptr(), chunk_ptr.data_ptr(), channel.data_ptr(),
+                bias.data_ptr() if bias is not None else 0, residual.data_ptr() if residual is not None else 0,
+                out.data_ptr())
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    with torch.cuda.device(x.device):
+        compiled.kernel(x.device.index).launch(grid, (config.warps * 32, 1, 1), pointers, ints, stream)
+    return out
+
+
+def staged_conv2d(x: torch.Tensor, packed: StagedCSRWeight, stride, padding, config: StagedConfig,
+                  bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None, relu: bool = False,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`staged_conv2d_arrays` on a weight packed by `pack_weight` with `config`."""
+    (sh, sw), (ph, pw) = stride_padding(stride, padding)
+    spec = launch_spec(tuple(x.shape), tuple(packed.kernel_shape), (sh, sw), (ph, pw))
+    arrays = weight_arrays(packed, spec, config)
+    return staged_conv2d_arrays(x, *arrays, packed.kernel_shape, bias, residual, (sh, sw), (ph, pw), config, relu,
+                                out)
