@@ -13,6 +13,7 @@ import torch
 
 from codegen_helpers import needs_gxx, needs_tools
 from conftest import needs_cuda
+from sparsecnn.backends import get_backend
 from sparsecnn.formats.staged import StagedCSRWeight
 from sparsecnn.kernels.codegen import staged, toolchain
 from sparsecnn.kernels.reference import reference_conv, relative_error
@@ -53,8 +54,8 @@ def _reference(x, weight, bias, residual, relu, spec):
 
 @pytest.mark.parametrize("fields, name", [
     (dict(tile_w=6), "tile_w"), (dict(tile_h=0), "tile_h"), (dict(tile_h=8, tile_w=8), "32 pixels"),
-    (dict(chunk_c=0), "chunk_c"), (dict(warps=3), "warps"), (dict(rows_per_warp=16, tile_h=4, tile_w=4), "accumulators"),
-    (dict(rows_per_warp=1.5), "rows_per_warp"),
+    (dict(chunk_c=0), "chunk_c"), (dict(warps=3), "warps"), (dict(rows_per_warp=1.5), "rows_per_warp"),
+    (dict(rows_per_warp=16, tile_h=4, tile_w=4), "accumulators"), (dict(out_layout="nhwc"), "out_layout"),
 ])
 def test_config_validation_names_the_field(fields, name):
     with pytest.raises(ValueError, match=name):
@@ -218,3 +219,31 @@ def test_cuda_graph_replay_equals_eager():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y_static, run())
+
+
+def test_backend_declares_what_it_runs():
+    backend = get_backend("staged")
+    spec = _spec(16, 32, 14, 14, 3, 1, 1)
+    assert dict(backend.dtypes) == {"cuda": (torch.float32,)}
+    assert backend.unsupported_reason(spec, torch.float32, "cuda") is None
+    assert "cpu" in backend.unsupported_reason(spec, torch.float32, "cpu")
+    assert "float16" in backend.unsupported_reason(spec, torch.float16, "cuda")
+    assert "multiple of 32" in backend.unsupported_reason(spec.with_batch(8), torch.float32, "cuda")
+    assert "groups" in backend.unsupported_reason(dataclasses.replace(spec, groups=2), torch.float32, "cuda")
+    assert backend.configs(spec, torch.float32) == staged.candidate_configs(spec)
+
+
+@gpu
+@needs_cuda
+def test_the_op_passes_opcheck_and_the_backend_fuses_its_epilogue():
+    spec = _spec(24, 40, 13, 13, 3, 2, 1)
+    backend = get_backend("staged")
+    weight = _weight(spec, 0.9).cuda()
+    x, bias = torch.randn(spec.input_shape, device="cuda"), torch.randn(spec.K, device="cuda")
+    residual = torch.randn(spec.output_shape, device="cuda")
+    for config in backend.configs(spec, torch.float32):
+        packed = backend.prepare(weight, config)
+        call = backend.bind(packed, spec, config, torch.float32, True)
+        torch.library.opcheck(call.fn, (x, *call.tensors, bias, residual, *call.static, True))
+        ref = _reference(x.cpu(), weight.cpu(), bias.cpu(), residual.cpu(), True, spec)
+        assert relative_error(call(x, bias, residual, True).cpu(), ref) < 1e-6

@@ -15,6 +15,11 @@ entry below says otherwise.
     blocks_conv2d(x, rows, dense_start, dense_offsets, dense_values, ell_start, ell_offsets,
                   ell_values, bias?, residual?, kernel_shape, padded_hw, stride, padding, config, relu)
         the blocks kernel (kernels/triton/blocks_conv.py), same epilogue; `blocks_conv.weight_arrays`.
+    staged_conv2d(x, entries, chunk_ptr, channel, bias?, residual?, kernel_shape, stride, padding, config,
+                  relu)
+        the staged-input kernel (kernels/codegen/staged.py: CUDA C compiled per geometry and config,
+        fp32, N a multiple of 32), same epilogue; `staged.weight_arrays`. Its output is
+        batch-innermost when the config's out_layout says so.
     codegen_conv2d(x, bias?, handle)
         a compiled codegen kernel set (kernels/codegen: cubins launched through cuda-python),
         conv + bias only. A compiled kernel is not a tensor, so it lives in a process-local
@@ -64,7 +69,7 @@ from .kernels.configs import check_residual
 __all__ = ["blocks_conv2d", "blocks_conv2d_eager", "codegen_conv2d", "codegen_conv2d_eager", "codegen_kernel",
            "config_json", "direct_conv2d", "direct_conv2d_eager", "im2col_csr_conv2d", "im2col_csr_conv2d_eager",
            "cudnn_fused_conv2d", "cudnn_fused_conv2d_eager",
-           "register_codegen"]
+           "register_codegen", "staged_conv2d", "staged_conv2d_eager"]
 
 
 def config_json(config: Any) -> str:
@@ -162,6 +167,36 @@ blocks_conv2d = custom_op("sparsecnn::blocks_conv2d", blocks_conv2d_eager, mutat
 def _blocks_conv2d_fake(x, rows, dense_start, dense_offsets, dense_values, ell_start, ell_offsets, ell_values, bias,
                         residual, kernel_shape, padded_hw, stride, padding, config, relu):
     return _fake_output(x, residual, kernel_shape, stride, padding)
+
+
+# --- staged -------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _staged_config(text: str):
+    from .kernels.codegen.staged import StagedConfig
+
+    return StagedConfig.from_dict(json.loads(text))
+
+
+def staged_conv2d_eager(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tensor, channel: torch.Tensor,
+                        bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], kernel_shape: List[int],
+                        stride: List[int], padding: List[int], config: str, relu: bool) -> torch.Tensor:
+    """act(staged sparse conv(x) + bias + residual) -> (N, K, P, Q); see the module docstring."""
+    from .kernels.codegen.staged import staged_conv2d_arrays
+
+    return staged_conv2d_arrays(x, entries, chunk_ptr, channel, tuple(kernel_shape), bias, residual, tuple(stride),
+                                tuple(padding), _staged_config(config), relu)
+
+
+staged_conv2d = custom_op("sparsecnn::staged_conv2d", staged_conv2d_eager, mutates_args=())
+
+
+@register_fake("sparsecnn::staged_conv2d")
+def _staged_conv2d_fake(x, entries, chunk_ptr, channel, bias, residual, kernel_shape, stride, padding, config, relu):
+    from .kernels.codegen.staged import new_output
+
+    contiguous = _fake_output(x, residual, kernel_shape, stride, padding)
+    return new_output(contiguous.shape, x, _staged_config(config))
 
 
 # --- codegen ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Keep activations batch-innermost between `direct` "batch" layers.
+"""Keep activations batch-innermost between "batch" layers: `direct` "batch" and `staged`.
 
 Each layer is tuned on an NCHW input and writes NCHW, so a "batch" layer (which reads its input as
 (C, H, W, N)) pays a transpose of its input. When every consumer of a layer's output (as input or
@@ -29,8 +29,11 @@ _LOG = logging.getLogger(__name__)
 
 
 def _is_batch(layer) -> bool:
-    return (isinstance(layer, SparseConv2d) and layer.backend == "direct"
-            and getattr(layer.config, "variant", None) == "batch")
+    """A tuned layer that reads (C, H, W, N) input and can write it: direct "batch", or staged."""
+    if not isinstance(layer, SparseConv2d):
+        return False
+    direct_batch = layer.backend == "direct" and getattr(layer.config, "variant", None) == "batch"
+    return direct_batch or layer.backend == "staged"
 
 
 def is_batch_inner(layer) -> bool:
@@ -63,7 +66,7 @@ def _set_out_layout(layers: List[SparseConv2d], layout: str) -> None:
     for layer in layers:
         if layer.config.out_layout != layout:
             packed = layer.packed_weight()
-            layer._set_backend("direct", dataclasses.replace(layer.config, out_layout=layout))
+            layer._set_backend(layer.backend, dataclasses.replace(layer.config, out_layout=layout))
             layer.adopt_packed(packed)
 
 
