@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -46,6 +46,8 @@ LANES_PER_POSITION = IMAGES // 4
 MAX_SMEM_BYTES = 227 * 1024   # sm_90: dynamic shared memory per block
 _MAX_ACCUMULATORS = 128       # floats per thread; beyond this the accumulators spill
 _MAX_GRID_Y = 65535
+_SMS = 132              # H100 SXM / H200: sizes the candidates' grids
+_WARPS_PER_SM = 16      # what the candidates aim for: two blocks of 8 warps (registers allow that many)
 OUT_LAYOUTS = ("nchw", "batch_inner")
 
 
@@ -115,17 +117,28 @@ def check_layer(spec: ConvSpec, config: StagedConfig) -> None:
         raise ValueError(f"batch {spec.N} needs more than {_MAX_GRID_Y} image blocks")
 
 
-def candidate_configs(spec: ConvSpec) -> list:
-    """Configs for the autotuner that fit the layer, the heuristic default first."""
-    shapes = ((2, 4, 8, 8), (4, 4, 4, 8), (1, 4, 16, 8), (2, 8, 4, 8), (2, 4, 4, 8))
+def candidate_configs(spec: ConvSpec) -> List[StagedConfig]:
+    """Configs for the autotuner, the heuristic default first: five tile and channel shapes, each
+    with the warps per block halved (down to 2) until the layer gives two blocks per SM, and the
+    largest chunk_c (up to 16) whose two stages let `_WARPS_PER_SM` warps' blocks share an SM."""
     configs = []
-    for tile_h, tile_w, rows_per_warp, warps in shapes:
+    for tile_h, tile_w, rows_per_warp in ((2, 4, 8), (4, 4, 4), (1, 4, 16), (2, 8, 4), (2, 4, 4)):
+        warps = 8
+        while warps > 2 and _blocks(spec, tile_h, tile_w, rows_per_warp * warps) < 2 * _SMS:
+            warps //= 2
+        blocks_per_sm = _WARPS_PER_SM // warps
         for chunk_c in (16, 8, 4, 2, 1):
             config = StagedConfig(tile_h, tile_w, chunk_c, rows_per_warp, warps)
-            if config.smem_bytes(spec) <= MAX_SMEM_BYTES // 2:
-                configs.append(config)
+            if config.smem_bytes(spec) * blocks_per_sm <= MAX_SMEM_BYTES or chunk_c == 1:
                 break
-    return configs
+        if config.smem_bytes(spec) <= MAX_SMEM_BYTES:
+            configs.append(config)
+    return list(dict.fromkeys(configs))
+
+
+def _blocks(spec: ConvSpec, tile_h: int, tile_w: int, rows_per_block: int) -> int:
+    tiles = -(-spec.P // tile_h) * -(-spec.Q // tile_w)
+    return tiles * -(-spec.K // rows_per_block) * max(1, spec.N // IMAGES)
 
 
 def kernel_source(spec: ConvSpec, config: StagedConfig, relu: bool, has_bias: bool, has_residual: bool,
@@ -142,7 +155,8 @@ def kernel_source(spec: ConvSpec, config: StagedConfig, relu: bool, has_bias: bo
         for t in range(config.tile_h * config.tile_w // 4))
     defines = dict(TH=config.tile_h, TW=config.tile_w, SH=spec.stride[0], SW=spec.stride[1], HALO_H=halo_h,
                    HALO_W=halo_w, CC=config.chunk_c, CPW=config.rows_per_warp, WARPS=config.warps,
-                   RELU=int(relu), HAS_BIAS=int(has_bias), HAS_RES=int(has_residual), OUT_VEC=int(out_vectors))
+                   RELU=int(relu), HAS_BIAS=int(has_bias), HAS_RES=int(has_residual), OUT_VEC=int(out_vectors),
+                   MIN_BLOCKS=max(2, _WARPS_PER_SM // config.warps))
     header = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return header + f"#define PIXEL_OFFSETS {{{pixel_offsets}}}\n" + COPY_PRIMITIVES + _BODY
 
@@ -180,7 +194,7 @@ static __device__ __forceinline__ void stage_chunk(float4* dst, const float* __r
   }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, const int* __restrict__ chunk_ptr,
                       const int* __restrict__ channel, const float* __restrict__ bias,
                       const float* __restrict__ res, float* __restrict__ y,
