@@ -84,6 +84,19 @@ def test_candidates_are_batch_layers_feeding_only_batch_layers():
 
 
 @needs_interpreter
+def test_staged_layers_are_batch_layers_and_keep_their_backend():
+    from sparsecnn.kernels.codegen.staged import StagedConfig
+
+    _, gm, tuned = _batch_model("abd")
+    tuned["c"]._set_backend("staged", StagedConfig(2, 4, 4, 2, 2))
+    assert batch_inner_candidates(gm, tuned) == ["a", "b", "c"]  # c (staged) reads b's output and writes d's input
+    timer = ScriptedTimer({"model:nchw outputs": 2.0, "model:batch-innermost outputs": 1.0})
+    assert keep_batch_inner_outputs(gm, lambda: None, tuned, timer)[0] == ["a", "b", "c"]
+    assert (tuned["c"].backend, tuned["c"].config.out_layout) == ("staged", "batch_inner")
+    assert tuned["c"].config.tile_h == 2
+
+
+@needs_interpreter
 def test_candidates_look_through_max_pools_and_end_at_average_pools():
     _, gm, tuned = _batch_model("ab", PooledChain())
     assert batch_inner_candidates(gm, tuned) == ["a", "b"]  # a feeds b through a max pool; b the average pool
