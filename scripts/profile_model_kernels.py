@@ -17,6 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from sparsecnn.bench.env import environment, new_run_id
+from sparsecnn.bench.layers import precision
 from sparsecnn.bench.models import _input, _pruned_model, _variant
 from sparsecnn.nn import SparseConv2d
 
@@ -64,7 +65,7 @@ def main() -> None:
     device = torch.device(args.device)
     sparse, x, label, sparsity, config = tuned_model(args, device)
     _annotate(sparse)
-    with torch.no_grad():
+    with precision(args.dtype), torch.no_grad():  # fp32: TF32 off, as `bench model` runs it
         for _ in range(3):
             sparse(x)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
