@@ -36,6 +36,7 @@ static void __syncthreads() { block_barrier->arrive_and_wait(); }
 static void cp_async16(float4* dst, const void* src, int bytes) {
   if (bytes) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
 }
+static void cp_async8(int2* dst, const int2* src) { *dst = *src; }
 static void cp_commit() {}
 static void cp_wait_all_but_one() {}
 static void cp_wait_all() {}
@@ -57,8 +58,8 @@ int main(int argc, char** argv) {
   auto channel = load<int>(argv[4]); auto bias = load<float>(argv[5]); auto res = load<float>(argv[6]);
   std::vector<float> y(atol(argv[8]), __builtin_nanf(""));
   unsigned gx = atoi(argv[9]), gy = atoi(argv[10]);
-  int v[15];
-  for (int i = 0; i < 15; ++i) v[i] = atoi(argv[13 + i]);
+  int v[16];
+  for (int i = 0; i < 16; ++i) v[i] = atoi(argv[13 + i]);
   for (unsigned by = 0; by < gy; ++by)
     for (unsigned bx = 0; bx < gx; ++bx) {
       std::barrier<> barrier(THREADS);
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
           blockIdx = {bx, by, 0};
           sparsecnn_staged_conv(x.data(), nz.data(), ptr.data(), channel.data(), atoi(argv[11]) ? bias.data() : 0,
                                 atoi(argv[12]) ? res.data() : 0, y.data(), v[0], v[1], v[2], v[3], v[4], v[5], v[6],
-                                v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14]);
+                                v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15]);
         });
       for (auto& thread : threads) thread.join();
     }
@@ -86,7 +87,7 @@ def cpu_source(gpu_source: str) -> str:
     """The kernel's CUDA C as a C++ program (see the module docstring)."""
     body = gpu_source.replace(staged.COPY_PRIMITIVES, "")
     body = body.replace('extern "C" ', "").replace("extern __shared__ float4 smem[];",
-                                                   "static float4 smem[2 * STAGE_F4];")
+                                                   "static float4 smem[2 * STAGE_F4 + 4096];")
     return _SHIM + body + _MAIN
 
 
@@ -111,7 +112,9 @@ def run_staged_on_cpu(x, packed, spec, config, bias, residual, relu, out_strides
     if residual is not None:
         np.lib.stride_tricks.as_strided(res_buffer, residual.shape, [4 * s for s in out_strides])[...] = residual
     res_buffer.tofile(tmp_path / "res.bin")
-    grid, ints = staged.launch_geometry(spec, config, packed.channel.numel(), packed.n_chunks, out_strides)
+    assert packed.max_segment <= 4096, "the CPU runner's shared memory holds two segments of 4096 non-zeros"
+    grid, ints = staged.launch_geometry(spec, config, packed.channel.numel(), packed.n_chunks, packed.max_segment,
+                                        out_strides)
     subprocess.run(["./run", "x.bin", "nz.bin", "ptr.bin", "channel.bin", "bias.bin", "res.bin", "y.bin", str(size),
                     str(grid[0]), str(grid[1]), str(int(bias is not None)), str(int(residual is not None)),
                     *map(str, ints)], cwd=tmp_path, check=True)

@@ -15,8 +15,8 @@ entry below says otherwise.
     blocks_conv2d(x, rows, dense_start, dense_offsets, dense_values, ell_start, ell_offsets,
                   ell_values, bias?, residual?, kernel_shape, padded_hw, stride, padding, config, relu)
         the blocks kernel (kernels/triton/blocks_conv.py), same epilogue; `blocks_conv.weight_arrays`.
-    staged_conv2d(x, entries, chunk_ptr, channel, bias?, residual?, kernel_shape, stride, padding, config,
-                  relu)
+    staged_conv2d(x, entries, chunk_ptr, channel, bias?, residual?, kernel_shape, max_segment, stride,
+                  padding, config, relu)
         the staged-input kernel (kernels/codegen/staged.py: CUDA C compiled per geometry and config,
         fp32, N a multiple of 32), same epilogue; `staged.weight_arrays`. Its output is
         batch-innermost when the config's out_layout says so.
@@ -180,19 +180,21 @@ def _staged_config(text: str):
 
 def staged_conv2d_eager(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tensor, channel: torch.Tensor,
                         bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], kernel_shape: List[int],
-                        stride: List[int], padding: List[int], config: str, relu: bool) -> torch.Tensor:
+                        max_segment: int, stride: List[int], padding: List[int], config: str,
+                        relu: bool) -> torch.Tensor:
     """act(staged sparse conv(x) + bias + residual) -> (N, K, P, Q); see the module docstring."""
     from .kernels.codegen.staged import staged_conv2d_arrays
 
-    return staged_conv2d_arrays(x, entries, chunk_ptr, channel, tuple(kernel_shape), bias, residual, tuple(stride),
-                                tuple(padding), _staged_config(config), relu)
+    return staged_conv2d_arrays(x, entries, chunk_ptr, channel, tuple(kernel_shape), max_segment, bias, residual,
+                                tuple(stride), tuple(padding), _staged_config(config), relu)
 
 
 staged_conv2d = custom_op("sparsecnn::staged_conv2d", staged_conv2d_eager, mutates_args=())
 
 
 @register_fake("sparsecnn::staged_conv2d")
-def _staged_conv2d_fake(x, entries, chunk_ptr, channel, bias, residual, kernel_shape, stride, padding, config, relu):
+def _staged_conv2d_fake(x, entries, chunk_ptr, channel, bias, residual, kernel_shape, max_segment, stride, padding,
+                        config, relu):
     from .kernels.codegen.staged import new_output
 
     contiguous = _fake_output(x, residual, kernel_shape, stride, padding)

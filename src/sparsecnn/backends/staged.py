@@ -33,7 +33,8 @@ def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: boo
     kernels = _kernels()
     config = config if config is not None else kernels.StagedConfig()
     kernels.check_layer(spec, config)
-    static = (list(packed.kernel_shape), list(spec.stride), list(spec.padding), config_json(config))
+    static = (list(packed.kernel_shape), packed.max_segment, list(spec.stride), list(spec.padding),
+              config_json(config))
     return KernelCall(torch.ops.sparsecnn.staged_conv2d.default, kernels.weight_arrays(packed, spec, config), static,
                       eager=ops.staged_conv2d_eager)
 

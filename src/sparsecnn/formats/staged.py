@@ -1,21 +1,25 @@
-"""Row-chunked CSR for kernels that stage a tile of the input in shared memory, chunk_c input
-channels at a time (`kernels/codegen/staged.py`).
+"""Block- and chunk-ordered CSR for kernels that stage a tile of the input in shared memory,
+chunk_c input channels at a time, for a block of `rows_per_block` output channels
+(`kernels/codegen/staged.py`).
 
-Rows are grouped per chunk of input channels (`chunk_ptr[row, j]` .. `chunk_ptr[row, j + 1]` are
-the non-zeros of chunk j, in (c, r, s) order), because the kernel consumes the non-zeros of the
-staged chunk before staging the next one. For a staged tile geometry, `entries(halo_h, halo_w,
-lanes)` gives each non-zero as one (weight, offset) pair of int32s, the weight as its float32 bits
-and the offset the position of its input (c mod chunk_c, r, s) in the tile of halo_h x halo_w
-positions per channel, counted in `lanes` units (the tile stores each position as `lanes` 16-byte
-vectors; the kernel adds its lane's part and reads one vector): one 8-byte load per non-zero and
-no index arithmetic. The halo depends on the layer's stride, which the weight does not know, so
-entries are built per geometry and cached.
+The kernel consumes the non-zeros of the staged chunk before staging the next one, and stages
+those non-zeros too. So the non-zeros are ordered by block of rows, then chunk, then row, then
+column (c, r, s): one block's non-zeros of one chunk are one contiguous segment, copied to shared
+memory with the input; `chunk_ptr[g, j, i]` is where row i of block g starts in chunk j's segment
+and `chunk_ptr[g, j, rows_per_block]` where the segment ends (the next one's start).
+
+For a staged tile geometry, `entries(halo_h, halo_w, lanes)` gives each non-zero as one
+(weight, offset) pair of int32s, the weight as its float32 bits and the offset the position of
+its input (c mod chunk_c, r, s) in the tile of halo_h x halo_w positions per channel, counted in
+`lanes` units (the tile stores each position as `lanes` 16-byte vectors; the kernel adds its
+lane's part and reads one vector): 8 bytes per non-zero and no index arithmetic. The halo
+depends on the layer's stride, which the weight does not know, so entries are built per geometry
+and cached.
 
 Rows are not the output channels in order: a kernel gives `rows_per_warp` rows to each warp and
-`warps` warps to each block, and every warp waits at each chunk's barrier for the slowest of its
-block, so channels are dealt to warps by decreasing non-zero count in snake order (each warp's
-total is about the same). `channel[row]` is the output channel of a row, -1 for the empty rows
-that pad K to whole blocks.
+every warp waits at each chunk's barrier for the slowest of its block, so channels are dealt to
+warps by decreasing non-zero count in snake order (each warp's total is about the same).
+`channel[row]` is the output channel of a row, -1 for the empty rows that pad K to whole blocks.
 """
 from __future__ import annotations
 
@@ -29,15 +33,16 @@ from .ell import _OffsetCache
 
 @dataclasses.dataclass
 class StagedCSRWeight(_OffsetCache):
-    """values: float32 (nnz,); cols: int32 (nnz,) column c*R*S + r*S + s, rows one after another;
-    chunk_ptr: int32 (rows, n_chunks + 1), absolute indices into values; channel: int32 (rows,);
-    chunk_c: input channels per chunk; kernel_shape (K, C, R, S)."""
+    """values: float32 (nnz,) and cols: int32 (nnz,) (column c*R*S + r*S + s), in (block, chunk,
+    row, column) order; chunk_ptr: int32 (blocks, n_chunks, rows_per_block + 1), absolute indices
+    into values; channel: int32 (rows,); chunk_c: input channels per chunk; kernel_shape (K, C, R, S)."""
 
     values: torch.Tensor
     cols: torch.Tensor
     chunk_ptr: torch.Tensor
     channel: torch.Tensor
     chunk_c: int
+    rows_per_block: int
     kernel_shape: Tuple[int, int, int, int]
 
     @classmethod
@@ -53,25 +58,29 @@ class StagedCSRWeight(_OffsetCache):
         per_block = rows_per_warp * warps
         rows = -(-k // per_block) * per_block
         warp_of_rank, slot_of_rank = _snake(k, rows // rows_per_warp)
-        dense = weight.detach().cpu().float()
-        order = torch.argsort(-(dense != 0).reshape(k, -1).sum(1), stable=True)
+        dense = weight.detach().cpu().float().reshape(k, -1)
+        order = torch.argsort(-(dense != 0).sum(1), stable=True)
         row_of_channel = torch.empty(k, dtype=torch.long)
         row_of_channel[order] = warp_of_rank * rows_per_warp + slot_of_rank
         channel = torch.full((rows,), -1, dtype=torch.int32)
         channel[row_of_channel] = torch.arange(k, dtype=torch.int32)
 
-        kk, cols = dense.reshape(k, -1).nonzero(as_tuple=True)
+        kk, cols = dense.nonzero(as_tuple=True)
         row = row_of_channel[kk]
-        order_nz = torch.argsort(row * (c * r * s) + cols)
-        kk, cols, row = kk[order_nz], cols[order_nz], row[order_nz]
         n_chunks = -(-c // chunk_c)
-        counts = torch.bincount(row * n_chunks + cols // (r * s * chunk_c), minlength=rows * n_chunks)
-        flat = torch.zeros(rows * n_chunks + 1, dtype=torch.long)
-        flat[1:] = counts.cumsum(0)
-        chunk_ptr = flat[torch.arange(rows)[:, None] * n_chunks + torch.arange(n_chunks + 1)[None, :]]
+        block, row_in_block, chunk = row // per_block, row % per_block, cols // (r * s * chunk_c)
+        cell = (block * n_chunks + chunk) * per_block + row_in_block
+        order_nz = torch.argsort(cell * (c * r * s) + cols)
+        kk, cols, cell = kk[order_nz], cols[order_nz], cell[order_nz]
+        blocks = rows // per_block
+        flat = torch.zeros(blocks * n_chunks * per_block + 1, dtype=torch.long)
+        flat[1:] = torch.bincount(cell, minlength=blocks * n_chunks * per_block).cumsum(0)
+        segment = torch.arange(blocks * n_chunks)[:, None] * per_block + torch.arange(per_block + 1)[None, :]
+        chunk_ptr = flat[segment].reshape(blocks, n_chunks, per_block + 1)
         device = weight.device
-        return cls(dense.reshape(k, -1)[kk, cols].to(device), cols.to(torch.int32).to(device),
-                   chunk_ptr.to(torch.int32).contiguous().to(device), channel.to(device), chunk_c, (k, c, r, s))
+        return cls(dense[kk, cols].to(device), cols.to(torch.int32).to(device),
+                   chunk_ptr.to(torch.int32).contiguous().to(device), channel.to(device), chunk_c, per_block,
+                   (k, c, r, s))
 
     @property
     def nnz(self) -> int:
@@ -79,7 +88,12 @@ class StagedCSRWeight(_OffsetCache):
 
     @property
     def n_chunks(self) -> int:
-        return self.chunk_ptr.shape[1] - 1
+        return self.chunk_ptr.shape[1]
+
+    @property
+    def max_segment(self) -> int:
+        """The most non-zeros of one block in one chunk (what a kernel's shared memory must hold)."""
+        return int((self.chunk_ptr[:, :, -1] - self.chunk_ptr[:, :, 0]).max()) if self.chunk_ptr.numel() else 0
 
     def entries(self, halo_h: int, halo_w: int, lanes: int) -> torch.Tensor:
         """int32 (nnz, 2): (float32 bits of the weight, offset of its input in a staged tile of
@@ -98,12 +112,14 @@ class StagedCSRWeight(_OffsetCache):
         return self._cached(key, build)
 
     def to_dense(self) -> torch.Tensor:
-        """The float32 (K, C, R, S) weight (decoded from rows, chunks and columns: a check of the packing)."""
+        """The float32 (K, C, R, S) weight (decoded from blocks, chunks, rows and columns: a check
+        of the packing)."""
         k, c, r, s = self.kernel_shape
-        chunk_ptr, channel = self.chunk_ptr.cpu(), self.channel.cpu()
-        counts = (chunk_ptr[:, 1:] - chunk_ptr[:, :-1]).reshape(-1)
+        chunk_ptr, channel, per_block = self.chunk_ptr.cpu(), self.channel.cpu(), self.rows_per_block
+        counts = (chunk_ptr[:, :, 1:] - chunk_ptr[:, :, :-1]).reshape(-1)
         cell = torch.repeat_interleave(torch.arange(counts.numel()), counts.long())
-        row, chunk = cell // self.n_chunks, cell % self.n_chunks
+        block, chunk = cell // (self.n_chunks * per_block), cell // per_block % self.n_chunks
+        row = block * per_block + cell % per_block
         cols = self.cols.cpu().long()
         if not torch.equal(cols // (r * s * self.chunk_c), chunk):
             raise ValueError("a non-zero lies outside its chunk's input channels")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -44,7 +44,8 @@ def loader_name() -> str:
 
 def load_kernel(cubin: bytes, name: str, device_index: int, loader: str = "", dynamic_smem: int = 0):
     """The kernel `name` of `cubin` on CUDA device `device_index`; `.launch(grid, block, pointers,
-    ints, stream)` enqueues it with `dynamic_smem` bytes of dynamic shared memory."""
+    ints, stream, shared_mem=None)` enqueues it with `shared_mem` bytes of dynamic shared memory
+    (default and most: `dynamic_smem`)."""
     loader = loader or loader_name()
     if loader == "cuda-python":
         return _CudaPythonKernel(cubin, name, device_index, dynamic_smem)
@@ -105,13 +106,15 @@ class _CudaPythonKernel:
                                 + [self._ints.ctypes.data + 4 * i for i in range(n_ints)], dtype=np.uint64)
         self._arity = (n_pointers, n_ints)
 
-    def launch(self, grid: Dim3, block: Dim3, pointers: Sequence[int], ints: Sequence[int], stream: int) -> None:
+    def launch(self, grid: Dim3, block: Dim3, pointers: Sequence[int], ints: Sequence[int], stream: int,
+               shared_mem: Optional[int] = None) -> None:
+        shared_mem = self.dynamic_smem if shared_mem is None else shared_mem
         with self._lock:  # the argument block is shared: one launch at a time
             if self._arity != (len(pointers), len(ints)):
                 self._arguments(len(pointers), len(ints))
             self._pointers[:] = pointers
             self._ints[:] = ints
-            args = (self.function, *grid, *block, self.dynamic_smem, self.driver.CUstream(stream),
+            args = (self.function, *grid, *block, shared_mem, self.driver.CUstream(stream),
                     self._params.ctypes.data, 0)
             result = self.driver.cuLaunchKernel(*args)
             if result[0] == self.driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:  # a thread new to CUDA
@@ -137,8 +140,10 @@ class _CupyKernel:
                 self.function.max_dynamic_shared_size_bytes = dynamic_smem
         self.dynamic_smem = dynamic_smem
 
-    def launch(self, grid: Dim3, block: Dim3, pointers: Sequence[int], ints: Sequence[int], stream: int) -> None:
+    def launch(self, grid: Dim3, block: Dim3, pointers: Sequence[int], ints: Sequence[int], stream: int,
+               shared_mem: Optional[int] = None) -> None:
+        shared_mem = self.dynamic_smem if shared_mem is None else shared_mem
         args = tuple(np.uint64(p) for p in pointers) + tuple(np.int32(i) for i in ints)
         with self.cupy.cuda.Device(self.device_index):
-            self.function(tuple(grid), tuple(block), args, shared_mem=self.dynamic_smem,
+            self.function(tuple(grid), tuple(block), args, shared_mem=shared_mem,
                           stream=self.cupy.cuda.ExternalStream(stream, self.device_index))

@@ -48,6 +48,9 @@ _MAX_ACCUMULATORS = 128       # floats per thread; beyond this the accumulators 
 _MAX_GRID_Y = 65535
 _SMS = 132              # H100 SXM / H200: sizes the candidates' grids
 _WARPS_PER_SM = 16      # what the candidates aim for: two blocks of 8 warps (registers allow that many)
+# Blocks per SM the register allocation must allow (__launch_bounds__): 128 registers per thread for
+# 8 warps, 168 for 4 (at 128, 4 x 4 tiles of 7x7 kernels spilled), more for smaller blocks.
+MIN_BLOCKS_PER_SM = {1: 8, 2: 4, 4: 3, 8: 2}
 OUT_LAYOUTS = ("nchw", "batch_inner")
 
 
@@ -118,14 +121,19 @@ def check_layer(spec: ConvSpec, config: StagedConfig) -> None:
 
 
 def candidate_configs(spec: ConvSpec) -> List[StagedConfig]:
-    """Configs for the autotuner, the heuristic default first: five tile and channel shapes, each
-    with the warps per block halved (down to 2) until the layer gives two blocks per SM, and the
-    largest chunk_c (up to 16) whose two stages let `_WARPS_PER_SM` warps' blocks share an SM."""
+    """Configs for the autotuner, the heuristic default first: four tile and channel shapes, each
+    with 8 warps per block, or 4 where the layer gives fewer than two blocks per SM, and the
+    largest chunk_c (up to 16) whose two stages let `_WARPS_PER_SM` warps' blocks share an SM.
+
+    On the H100 (DLMC ResNet-50 and VGG layers, N=32, `benchmarks/results/2026-11-23-h100-s13-staged-*`)
+    4 x 4 pixels x 4 channels per warp won most large layers, 2 x 4 x 8 and 2 x 4 x 4 the others;
+    1 x 4 pixels x 16 channels won none, and 2 warps per block lost to 4 on every layer (0.5-0.7x).
+    """
     configs = []
-    for tile_h, tile_w, rows_per_warp in ((2, 4, 8), (4, 4, 4), (1, 4, 16), (2, 8, 4), (2, 4, 4)):
+    for tile_h, tile_w, rows_per_warp in ((4, 4, 4), (2, 4, 8), (2, 8, 4), (2, 4, 4)):
         warps = 8
-        while warps > 2 and _blocks(spec, tile_h, tile_w, rows_per_warp * warps) < 2 * _SMS:
-            warps //= 2
+        if _blocks(spec, tile_h, tile_w, rows_per_warp * warps) < 2 * _SMS:
+            warps = 4
         blocks_per_sm = _WARPS_PER_SM // warps
         for chunk_c in (16, 8, 4, 2, 1):
             config = StagedConfig(tile_h, tile_w, chunk_c, rows_per_warp, warps)
@@ -156,7 +164,7 @@ def kernel_source(spec: ConvSpec, config: StagedConfig, relu: bool, has_bias: bo
     defines = dict(TH=config.tile_h, TW=config.tile_w, SH=spec.stride[0], SW=spec.stride[1], HALO_H=halo_h,
                    HALO_W=halo_w, CC=config.chunk_c, CPW=config.rows_per_warp, WARPS=config.warps,
                    RELU=int(relu), HAS_BIAS=int(has_bias), HAS_RES=int(has_residual), OUT_VEC=int(out_vectors),
-                   MIN_BLOCKS=max(2, _WARPS_PER_SM // config.warps))
+                   MIN_BLOCKS=MIN_BLOCKS_PER_SM[config.warps])
     header = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return header + f"#define PIXEL_OFFSETS {{{pixel_offsets}}}\n" + COPY_PRIMITIVES + _BODY
 
@@ -168,6 +176,10 @@ static __device__ __forceinline__ void cp_async16(float4* dst, const void* src, 
   const unsigned to = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(to), "l"(src), "r"(bytes) : "memory");
 }
+static __device__ __forceinline__ void cp_async8(int2* dst, const int2* src) {
+  const unsigned to = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" :: "r"(to), "l"(src) : "memory");
+}
 static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 static __device__ __forceinline__ void cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 static __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
@@ -178,6 +190,7 @@ _BODY = r"""
 #define LPP 8
 #define STAGE_F4 (CC * HALO_H * HALO_W * LPP)
 #define THREADS (WARPS * 32)
+#define RB (CPW * WARPS)
 
 // Stage input channels c0 .. c0 + CC - 1 of the tile's window: element i of the stage is
 // ((c - c0) * HALO_H + hh) * HALO_W + ww) * LPP + q (q: the 16-byte quarter of the 32 images).
@@ -194,13 +207,19 @@ static __device__ __forceinline__ void stage_chunk(float4* dst, const float* __r
   }
 }
 
+// Stage the block's non-zeros of one chunk: entries lo .. hi - 1 (one contiguous segment).
+static __device__ __forceinline__ void stage_entries(int2* dst, const int2* __restrict__ nz, int lo, int hi) {
+  for (int i = threadIdx.x; i < hi - lo; i += THREADS) cp_async8(dst + i, nz + lo + i);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, const int* __restrict__ chunk_ptr,
                       const int* __restrict__ channel, const float* __restrict__ bias,
                       const float* __restrict__ res, float* __restrict__ y,
                       int C, int H, int W, int N, int P, int Q, int pad_h, int pad_w, int tiles_w, int groups,
-                      int n_chunks, int ys_n, int ys_k, int ys_h, int ys_w) {
+                      int n_chunks, int max_segment, int ys_n, int ys_k, int ys_h, int ys_w) {
   extern __shared__ float4 smem[];
+  int2* const staged_nz = reinterpret_cast<int2*>(smem + 2 * STAGE_F4);   // two buffers of max_segment
   const int pixel_offset[PPL] = PIXEL_OFFSETS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int group = blockIdx.x % groups, tile = blockIdx.x / groups;
@@ -208,6 +227,7 @@ sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, 
   const int n0 = blockIdx.y * 32;
   const int ih0 = oh0 * SH - pad_h, iw0 = ow0 * SW - pad_w;
   const int row0 = (group * WARPS + warp) * CPW;
+  const int* const block_ptr = chunk_ptr + group * n_chunks * (RB + 1);   // (n_chunks, RB + 1) of this block
   const int lane_base = (lane / LPP) * SW * LPP + lane % LPP;
 
   float4 acc[CPW][PPL];
@@ -216,25 +236,46 @@ sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, 
 #pragma unroll
     for (int t = 0; t < PPL; ++t) acc[i][t] = make_float4(0.f, 0.f, 0.f, 0.f);
 
+  // Pointers are loaded a chunk ahead (the segment bounds two ahead), so their latency hides behind
+  // the current chunk's FMAs; the non-zeros themselves are read from shared memory.
+  int lo = __ldg(block_ptr), next_lo = 0, next_hi = 0;
   stage_chunk(smem, x, 0, C, H, W, N, ih0, iw0, n0);
+  stage_entries(staged_nz, nz, lo, __ldg(block_ptr + RB));
   cp_commit();
+  if (n_chunks > 1) {
+    next_lo = __ldg(block_ptr + RB + 1);
+    next_hi = __ldg(block_ptr + 2 * RB + 1);
+  }
+  int row_ptr[CPW + 1], next_row_ptr[CPW + 1];
+#pragma unroll
+  for (int i = 0; i <= CPW; ++i) row_ptr[i] = __ldg(block_ptr + warp * CPW + i);
   for (int ch = 0; ch < n_chunks; ++ch) {
+    const int chunk_lo = lo;
     if (ch + 1 < n_chunks) {
-      stage_chunk(smem + ((ch + 1) & 1) * STAGE_F4, x, (ch + 1) * CC, C, H, W, N, ih0, iw0, n0);
+      const int buffer = (ch + 1) & 1;
+      stage_chunk(smem + buffer * STAGE_F4, x, (ch + 1) * CC, C, H, W, N, ih0, iw0, n0);
+      stage_entries(staged_nz + buffer * max_segment, nz, next_lo, next_hi);
       cp_commit();
+      const int* const next = block_ptr + (ch + 1) * (RB + 1);
+#pragma unroll
+      for (int i = 0; i <= CPW; ++i) next_row_ptr[i] = __ldg(next + warp * CPW + i);
+      lo = next_lo;
+      if (ch + 2 < n_chunks) {
+        next_lo = __ldg(next + RB + 1);
+        next_hi = __ldg(next + 2 * RB + 1);
+      }
       cp_wait_all_but_one();
     } else {
       cp_wait_all();
     }
     __syncthreads();
     const float4* tile_in = smem + (ch & 1) * STAGE_F4 + lane_base;
+    const int2* chunk_nz = staged_nz + (ch & 1) * max_segment - chunk_lo;
 #pragma unroll
     for (int i = 0; i < CPW; ++i) {
-      const int* ptr = chunk_ptr + (row0 + i) * (n_chunks + 1) + ch;
-      const int begin = __ldg(ptr), end = __ldg(ptr + 1);
 #pragma unroll 2
-      for (int j = begin; j < end; ++j) {
-        const int2 e = __ldg(nz + j);
+      for (int j = row_ptr[i]; j < row_ptr[i + 1]; ++j) {
+        const int2 e = chunk_nz[j];
         const float w = __int_as_float(e.x);
         const float4* p = tile_in + e.y;
 #pragma unroll
@@ -247,6 +288,8 @@ sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, 
         }
       }
     }
+#pragma unroll
+    for (int i = 0; i <= CPW; ++i) row_ptr[i] = next_row_ptr[i];
     __syncthreads();   // the next iteration stages into the buffer just read
   }
 
@@ -290,8 +333,8 @@ sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, 
 class _Compiled:
     """One kernel's cubin, loaded per device on first use."""
 
-    def __init__(self, cubin: bytes, smem_bytes: int):
-        self.cubin, self.smem_bytes = cubin, smem_bytes
+    def __init__(self, cubin: bytes):
+        self.cubin = cubin
         self._kernels: Dict[int, object] = {}
         self._lock = threading.Lock()
 
@@ -301,7 +344,7 @@ class _Compiled:
                 from .loader import load_kernel
 
                 self._kernels[device_index] = load_kernel(self.cubin, KERNEL_NAME, device_index,
-                                                          dynamic_smem=self.smem_bytes)
+                                                          dynamic_smem=MAX_SMEM_BYTES)
             return self._kernels[device_index]
 
 
@@ -321,7 +364,7 @@ def compiled_kernel(spec: ConvSpec, config: StagedConfig, relu: bool, has_bias: 
                 ptx, _ = toolchain.nvcc_ptx(source)
                 cubin, _, _ = toolchain.ptxas_cubin(ptx)
                 cache.put(key, "cubin", cubin)
-    return _Compiled(cubin, config.smem_bytes(spec))
+    return _Compiled(cubin)
 
 
 def _geometry(spec: ConvSpec) -> ConvSpec:
@@ -336,7 +379,7 @@ def pack_weight(weight: torch.Tensor, config: StagedConfig) -> StagedCSRWeight:
 
 def weight_arrays(packed: StagedCSRWeight, spec: ConvSpec, config: StagedConfig) -> Tuple[torch.Tensor, ...]:
     """(entries, chunk_ptr, channel): what the kernel reads for `spec` (entries depend on its stride)."""
-    if packed.chunk_c != config.chunk_c or packed.channel.numel() % config.rows_per_block:
+    if packed.chunk_c != config.chunk_c or packed.rows_per_block != config.rows_per_block:
         raise ValueError(f"weight packed for chunk_c={packed.chunk_c} and {packed.channel.numel()} rows does not "
                          f"fit config {config}: pack it with this config")
     return packed.entries(*config.halo(spec), LANES_PER_POSITION), packed.chunk_ptr, packed.channel
@@ -350,7 +393,7 @@ def new_output(shape: Tuple[int, ...], x: torch.Tensor, config: StagedConfig) ->
     return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 
-def launch_geometry(spec: ConvSpec, config: StagedConfig, n_rows: int, n_chunks: int,
+def launch_geometry(spec: ConvSpec, config: StagedConfig, n_rows: int, n_chunks: int, max_segment: int,
                     out_strides) -> Tuple[Tuple[int, int, int], Tuple[int, ...]]:
     """(grid, the kernel's int arguments) for `spec` with an output of `out_strides` (elements,
     (N, K, P, Q) order): blocks are (channel group fastest, then output tile) x image blocks."""
@@ -359,16 +402,26 @@ def launch_geometry(spec: ConvSpec, config: StagedConfig, n_rows: int, n_chunks:
     groups = n_rows // config.rows_per_block
     grid = (tiles * groups, spec.N // IMAGES, 1)
     ints = (spec.C, spec.H, spec.W, spec.N, spec.P, spec.Q, spec.padding[0], spec.padding[1], tiles_w, groups,
-            n_chunks, *out_strides)
+            n_chunks, max_segment, *out_strides)
     return grid, ints
 
 
+def shared_bytes(spec: ConvSpec, config: StagedConfig, max_segment: int) -> int:
+    """Dynamic shared memory of a launch: two stages of input and of non-zeros (8 bytes each)."""
+    return config.smem_bytes(spec) + 2 * 8 * max_segment
+
+
 def _check_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tensor, channel: torch.Tensor,
-                  spec: ConvSpec, config: StagedConfig) -> None:
+                  spec: ConvSpec, config: StagedConfig, max_segment: int) -> None:
     n_chunks = -(-spec.C // config.chunk_c)
     rows = channel.numel()
+    blocks = rows // config.rows_per_block
+    if shared_bytes(spec, config, max_segment) > MAX_SMEM_BYTES:
+        raise ValueError(f"StagedConfig {config} with up to {max_segment} non-zeros per block and chunk needs "
+                         f"{shared_bytes(spec, config, max_segment)} bytes of shared memory (max {MAX_SMEM_BYTES}):"
+                         f" lower chunk_c or rows per block")
     if (entries.dtype != torch.int32 or entries.dim() != 2 or entries.shape[1] != 2
-            or chunk_ptr.dtype != torch.int32 or chunk_ptr.shape != (rows, n_chunks + 1)
+            or chunk_ptr.dtype != torch.int32 or chunk_ptr.shape != (blocks, n_chunks, config.rows_per_block + 1)
             or channel.dtype != torch.int32 or channel.dim() != 1 or rows % config.rows_per_block or rows < spec.K):
         raise ValueError(f"packed arrays do not fit {spec.K} channels in chunks of {config.chunk_c} of {spec.C} "
                          f"inputs with {config.rows_per_block} rows per block: entries {entries.dtype} "
@@ -380,14 +433,14 @@ def _check_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tenso
 
 
 def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tensor, channel: torch.Tensor,
-                         kernel_shape, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], stride,
-                         padding, config: StagedConfig, relu: bool = False,
+                         kernel_shape, max_segment: int, bias: Optional[torch.Tensor],
+                         residual: Optional[torch.Tensor], stride, padding, config: StagedConfig, relu: bool = False,
                          out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """act(conv(x) + bias + residual), the launcher the op `sparsecnn::staged_conv2d` binds.
 
     x: (N, C, H, W) float32 CUDA, N a multiple of 32, any strides (batch-innermost is read in
     place, anything else is transposed first); entries/chunk_ptr/channel: `weight_arrays` for this
-    layer and config; kernel_shape (K, C, R, S); bias: (K,) or None; residual: (N, K, P, Q) or
+    layer and config; kernel_shape (K, C, R, S); max_segment: the weight's `max_segment`; bias: (K,) or None; residual: (N, K, P, Q) or
     None; out: (N, K, P, Q) float32 with any strides (default: new, in config.out_layout).
     Returns out.
     """
@@ -400,7 +453,7 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
         raise ValueError(f"x has {x.shape[1]} channels, the weight expects {kernel_c}")
     spec = launch_spec(tuple(x.shape), tuple(kernel_shape), (sh, sw), (ph, pw))
     check_layer(spec, config)
-    _check_arrays(x, entries, chunk_ptr, channel, spec, config)
+    _check_arrays(x, entries, chunk_ptr, channel, spec, config, max_segment)
     check_residual(residual, spec.output_shape, x)
     if bias is not None and (bias.shape != (kernel_k,) or bias.dtype != torch.float32 or bias.device != x.device):
         raise ValueError(f"bias must be a float32 ({kernel_k},) tensor on {x.device}, got {bias.dtype} "
@@ -418,13 +471,14 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
         residual = torch.empty_like(out).copy_(residual)   # the epilogue reads it at out's offsets
     bias = None if bias is None else bias.contiguous()
     compiled = compiled_kernel(_geometry(spec), config, relu, bias is not None, residual is not None, out_vectors)
-    grid, ints = launch_geometry(spec, config, channel.numel(), chunk_ptr.shape[1] - 1, out.stride())
+    grid, ints = launch_geometry(spec, config, channel.numel(), chunk_ptr.shape[1], max_segment, out.stride())
     pointers = (xt.data_ptr(), entries.data_ptr(), chunk_ptr.data_ptr(), channel.data_ptr(),
                 bias.data_ptr() if bias is not None else 0, residual.data_ptr() if residual is not None else 0,
                 out.data_ptr())
     stream = torch.cuda.current_stream(x.device).cuda_stream
     with torch.cuda.device(x.device):
-        compiled.kernel(x.device.index).launch(grid, (config.warps * 32, 1, 1), pointers, ints, stream)
+        compiled.kernel(x.device.index).launch(grid, (config.warps * 32, 1, 1), pointers, ints, stream,
+                                               shared_bytes(spec, config, max_segment))
     return out
 
 
@@ -435,5 +489,5 @@ def staged_conv2d(x: torch.Tensor, packed: StagedCSRWeight, stride, padding, con
     (sh, sw), (ph, pw) = stride_padding(stride, padding)
     spec = launch_spec(tuple(x.shape), tuple(packed.kernel_shape), (sh, sw), (ph, pw))
     arrays = weight_arrays(packed, spec, config)
-    return staged_conv2d_arrays(x, *arrays, packed.kernel_shape, bias, residual, (sh, sw), (ph, pw), config, relu,
-                                out)
+    return staged_conv2d_arrays(x, *arrays, packed.kernel_shape, packed.max_segment, bias, residual, (sh, sw),
+                                (ph, pw), config, relu, out)
