@@ -35,7 +35,9 @@ from .ell import _OffsetCache
 class StagedCSRWeight(_OffsetCache):
     """values: float32 (nnz,) and cols: int32 (nnz,) (column c*R*S + r*S + s), in (block, chunk,
     row, column) order; chunk_ptr: int32 (blocks, n_chunks, rows_per_block + 1), absolute indices
-    into values; channel: int32 (rows,); chunk_c: input channels per chunk; kernel_shape (K, C, R, S)."""
+    into values; channel: int32 (rows,); chunk_c: input channels per chunk; max_segment: the most
+    non-zeros of one block in one chunk (what a kernel's shared memory must hold; an int, so a
+    launch needs no device sync to know it); kernel_shape (K, C, R, S)."""
 
     values: torch.Tensor
     cols: torch.Tensor
@@ -43,6 +45,7 @@ class StagedCSRWeight(_OffsetCache):
     channel: torch.Tensor
     chunk_c: int
     rows_per_block: int
+    max_segment: int
     kernel_shape: Tuple[int, int, int, int]
 
     @classmethod
@@ -78,9 +81,10 @@ class StagedCSRWeight(_OffsetCache):
         segment = torch.arange(blocks * n_chunks)[:, None] * per_block + torch.arange(per_block + 1)[None, :]
         chunk_ptr = flat[segment].reshape(blocks, n_chunks, per_block + 1)
         device = weight.device
+        max_segment = int((chunk_ptr[:, :, -1] - chunk_ptr[:, :, 0]).max()) if chunk_ptr.numel() else 0
         return cls(dense[kk, cols].to(device), cols.to(torch.int32).to(device),
                    chunk_ptr.to(torch.int32).contiguous().to(device), channel.to(device), chunk_c, per_block,
-                   (k, c, r, s))
+                   max_segment, (k, c, r, s))
 
     @property
     def nnz(self) -> int:
@@ -89,11 +93,6 @@ class StagedCSRWeight(_OffsetCache):
     @property
     def n_chunks(self) -> int:
         return self.chunk_ptr.shape[1]
-
-    @property
-    def max_segment(self) -> int:
-        """The most non-zeros of one block in one chunk (what a kernel's shared memory must hold)."""
-        return int((self.chunk_ptr[:, :, -1] - self.chunk_ptr[:, :, 0]).max()) if self.chunk_ptr.numel() else 0
 
     def entries(self, halo_h: int, halo_w: int, lanes: int) -> torch.Tensor:
         """int32 (nnz, 2): (float32 bits of the weight, offset of its input in a staged tile of
