@@ -6,6 +6,7 @@ candidate compiled by nvcc/ptxas without spills (needs the CUDA toolkit). GPU (`
 kernel against the fp64 reference, every candidate config, both output layouts, and CUDA graphs.
 """
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -124,6 +125,18 @@ def test_warps_get_about_the_same_number_of_non_zeros():
     per_warp = per_row.reshape(-1, 4).sum(1).float()
     assert per_warp.max() / per_warp.mean() < 1.1
     assert per_row.max() / per_row.float().mean() > 1.8   # the channels themselves are skewed
+
+
+def test_the_format_round_trips_through_an_artefact_tree():
+    from sparsecnn.artifact.packing import decode_packed, encode_packed
+
+    packed = staged.pack_weight(_weight(_spec(13, 33, 9, 9, 3, 1, 1)), staged.StagedConfig(4, 4, 4, 4, 4))
+    tensors = {}
+    tree = json.loads(json.dumps(encode_packed(packed, "p/", torch.device("cpu"), tensors)))
+    restored = decode_packed(tree, tensors, torch.device("cpu"))
+    assert type(restored) is StagedCSRWeight and torch.equal(restored.to_dense(), packed.to_dense())
+    assert (restored.max_segment, restored.rows_per_block, restored.chunk_c) == (packed.max_segment, 16, 4)
+    assert torch.equal(restored.entries(6, 6, 8), packed.entries(6, 6, 8))
 
 
 def test_entries_refuse_a_halo_smaller_than_the_kernel():
