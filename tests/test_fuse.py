@@ -366,3 +366,30 @@ def test_relu_after_a_max_pool_fuses_into_the_conv_before_it():
     x = torch.randn(2, 3, 11, 9) - 0.2
     with torch.no_grad():
         assert torch.equal(gm(x), model(x))
+
+
+def test_channel_concatenations_are_swapped_and_keep_a_batch_innermost_layout():
+    from sparsecnn.nn.concat import cat_channels
+
+    gm = prepare_for_inference(build_model("googlenet"))
+    assert len(gm.fuse_report.swapped_concats) == 9   # one per inception block
+    assert all(n.target is not torch.cat for n in gm.graph.nodes if n.op == "call_function")
+    inner = [torch.randn(c, 5, 6, 4).permute(3, 0, 1, 2) for c in (3, 7, 2)]   # (N, C, H, W) stored (C, H, W, N)
+    y = cat_channels(inner, 1)
+    assert torch.equal(y, torch.cat(inner, 1)) and y.permute(1, 2, 3, 0).is_contiguous()
+    mixed = [inner[0], inner[1].contiguous()]
+    assert torch.equal(cat_channels(mixed), torch.cat(mixed, 1)) and cat_channels(mixed).is_contiguous()
+    assert torch.equal(cat_channels(inner[:2], dim=0 + 1), torch.cat(inner[:2], 1))
+    flat = [torch.randn(4, 3), torch.randn(4, 5)]
+    assert torch.equal(cat_channels(flat, 1), torch.cat(flat, 1))
+
+
+def test_only_channel_concatenations_are_swapped():
+    class Cats(nn.Module):
+        def forward(self, x):
+            return torch.cat([x, x], 0).sum() + torch.cat([x, x], dim=1).sum() + torch.cat([x, x], 3).sum()
+
+    gm = prepare_for_inference(Cats())
+    assert gm.fuse_report.swapped_concats == ["cat_1"]
+    x = torch.randn(2, 3, 4, 5)
+    assert torch.equal(gm(x), Cats()(x))

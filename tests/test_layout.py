@@ -58,6 +58,22 @@ class PooledChain(nn.Module):
         return out + torch.flatten(F.max_pool2d(b, 2), 1).sum(1, keepdim=True) if self.flat_pool else out
 
 
+class Branches(nn.Module):
+    """a and b read x in parallel; their outputs are concatenated and feed c (a GoogLeNet inception
+    in miniature), then a global average pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.b = nn.Conv2d(3, 4, 3, padding=1)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+        self.avg = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        y = torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x))], 1)
+        return torch.flatten(self.avg(self.c(y)), 1)
+
+
 def _batch_model(batch_layers, model=None):
     from sparsecnn.kernels.triton.direct_conv import DirectConfig
 
@@ -81,6 +97,26 @@ def test_candidates_are_batch_layers_feeding_only_batch_layers():
     _, gm, tuned = _batch_model("abd")
     assert batch_inner_candidates(gm, tuned) == ["a"]  # b feeds c, which is dense
     assert batch_inner_candidates(nn.Sequential(), tuned) == []  # no graph: nothing known
+
+
+@needs_interpreter
+def test_candidates_look_through_concatenations_of_batch_layers_only():
+    _, gm, tuned = _batch_model("abc", Branches())
+    assert batch_inner_candidates(gm, tuned) == ["a", "b", "c"]
+    _, gm, tuned = _batch_model("ac", Branches())
+    assert batch_inner_candidates(gm, tuned) == ["c"]   # b writes NCHW, so the concatenation would too
+    _, gm, tuned = _batch_model("ab", Branches())
+    assert batch_inner_candidates(gm, tuned) == []       # c is dense
+
+
+@needs_interpreter
+def test_concatenated_batch_innermost_outputs_are_unchanged():
+    model, gm, tuned = _batch_model("abc", Branches())
+    x = torch.randn(4, 3, 9, 9)
+    with torch.no_grad():
+        timer = ScriptedTimer({"model:nchw outputs": 2.0, "model:batch-innermost outputs": 1.0})
+        assert keep_batch_inner_outputs(gm, lambda: gm(x), tuned, timer)[0] == ["a", "b", "c"]
+        assert relative_error(gm(x), model(x)) < 1e-5
 
 
 @needs_interpreter

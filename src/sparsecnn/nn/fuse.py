@@ -4,7 +4,8 @@
 swaps every conv for a `SparseConv2d` (backend "dense") and fuses the ReLU and residual add that
 follow it into the layer's epilogue (`activation="relu"`, `forward(x, residual=...)`), so a sparse
 backend can apply them while its output tile is still in registers, and swaps max pools for
-`pool.MaxPool2d` / `pool.max_pool2d` (no argmax; the input's layout kept).
+`pool.MaxPool2d` / `pool.max_pool2d` (no argmax; the input's layout kept) and channel
+concatenations for `concat.cat_channels` (a batch-innermost layout kept).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..prune import absorb_torch_prune_
+from .concat import cat_channels
 from .pool import MaxPool2d, max_pool2d
 from .sparse_conv import SparseConv2d
 
@@ -40,10 +42,12 @@ class FuseReport:
     fused_relus: List[str] = field(default_factory=list)  # convs that now end in activation="relu"
     fused_adds: List[str] = field(default_factory=list)  # convs that now take the residual add
     swapped_pools: List[str] = field(default_factory=list)  # MaxPool2d paths and F.max_pool2d node names
+    swapped_concats: List[str] = field(default_factory=list)  # torch.cat node names (dim 1)
 
     def summary(self) -> str:
         return (f"{len(self.folded_batchnorms)} BatchNorms folded, {len(self.fused_relus)} ReLUs and "
-                f"{len(self.fused_adds)} residual adds fused, {len(self.swapped_pools)} max pools swapped")
+                f"{len(self.fused_adds)} residual adds fused, {len(self.swapped_pools)} max pools and "
+                f"{len(self.swapped_concats)} concatenations swapped")
 
 
 class _Tracer(fx.Tracer):
@@ -306,14 +310,26 @@ def _swap_max_pools(gm: fx.GraphModule) -> List[str]:
     return swapped
 
 
+def _swap_concats(gm: fx.GraphModule) -> List[str]:
+    """torch.cat along dim 1 -> `cat_channels` (which keeps a batch-innermost layout)."""
+    swapped = []
+    for node in gm.graph.nodes:
+        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+        if node.op == "call_function" and node.target is torch.cat and dim in (1, -3) and not node.kwargs.get("out"):
+            node.target = cat_channels
+            swapped.append(node.name)
+    return swapped
+
+
 def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
                           example_inputs: Optional[Sequence[torch.Tensor]] = None) -> fx.GraphModule:
     """`model` traced by torch.fx for inference: BatchNorms folded (`fold_batchnorm`), every called
     Conv1d/Conv2d replaced by a `SparseConv2d` (backend "dense") under its own module path, and the ReLU
     and residual add after each conv fused into it (act(conv(x) + bias + residual); a ReLU after a max pool
-    of the conv's output too, as the two commute), and every max pool
+    of the conv's output too, as the two commute), every max pool
     without indices swapped for `pool.MaxPool2d` / `pool.max_pool2d` (same values; on CUDA no argmax
-    is written and the input's memory layout is kept).
+    is written and the input's memory layout is kept), and every torch.cat along the channels for
+    `concat.cat_channels` (same values; batch-innermost inputs give a batch-innermost output).
 
     masks: {conv path in `model`: bool mask of the weight's shape}; a conv without one uses its
     `torch.nn.utils.prune` mask, else its weight's non-zeros. Entries for other modules (e.g. a Linear
@@ -338,6 +354,7 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
     report.fused_adds = _fuse_adds(gm)
     report.fused_relus = _fuse_relus(gm)
     report.swapped_pools = _swap_max_pools(gm)
+    report.swapped_concats = _swap_concats(gm)
     return _finish(gm, report)
 
 

@@ -4,7 +4,8 @@ Each layer is tuned on an NCHW input and writes NCHW, so a "batch" layer (which 
 (C, H, W, N)) pays a transpose of its input. When every consumer of a layer's output (as input or
 fused residual) is itself a "batch" layer, that layer can write (K, P, Q, N) instead and the next
 layers read it with no transpose (1x1 layers without padding: no copy at all). A consumer may also
-be a max pool of `pool.py` (it keeps the layout) whose consumers all qualify, or an
+be a max pool of `pool.py` (it keeps the layout) whose consumers all qualify, a channel
+concatenation (`concat.cat_channels`) of "batch" layers' outputs alone whose consumers all qualify, or an
 nn.AdaptiveAvgPool2d (which makes its own contiguous output; a ResNet's last layer feeds one,
 and an NCHW output there costs a strided store and a copy of its residual). Only graphs from
 `prepare_for_inference` (torch.fx) say who consumes what; in other models every layer writes NCHW.
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from ..autotune import Candidate, Timer
+from .concat import cat_channels
 from .fuse import called_module
 from .pool import MaxPool2d, max_pool2d
 from .sparse_conv import SparseConv2d
@@ -43,7 +45,8 @@ def is_batch_inner(layer) -> bool:
 
 def batch_inner_candidates(model: nn.Module, tuned: Dict[str, SparseConv2d]) -> List[str]:
     """Names of tuned "batch" layers all of whose outputs' users take a batch-innermost input:
-    tuned "batch" layers, adaptive average pools, and max pools of `pool.py` whose users all do."""
+    tuned "batch" layers, adaptive average pools, and max pools of `pool.py` or concatenations of
+    "batch" layers' outputs (`cat_channels`) whose users all do."""
     if not isinstance(model, torch.fx.GraphModule):
         return []
 
@@ -53,6 +56,10 @@ def batch_inner_candidates(model: nn.Module, tuned: Dict[str, SparseConv2d]) -> 
     def takes_batch_inner(node) -> bool:
         if batch_node(node) or isinstance(called_module(model, node), nn.AdaptiveAvgPool2d):
             return True
+        if node.op == "call_function" and node.target is cat_channels:  # batch-innermost only if every input is
+            inputs = node.args[0]
+            return (all(isinstance(i, torch.fx.Node) and batch_node(i) for i in inputs) and bool(node.users)
+                    and all(takes_batch_inner(user) for user in node.users))
         keeps_layout = (isinstance(called_module(model, node), MaxPool2d)
                         or (node.op == "call_function" and node.target is max_pool2d))
         return keeps_layout and bool(node.users) and all(takes_batch_inner(user) for user in node.users)
