@@ -7,7 +7,7 @@ from torch import nn
 from conftest import needs_interpreter
 from sparsecnn.kernels.reference import relative_error
 from sparsecnn.nn import prepare_for_inference
-from sparsecnn.nn.layout import batch_inner_candidates, keep_batch_inner_outputs, set_tuning_layout, switch_to_batch
+from sparsecnn.nn.layout import batch_inner_candidates, keep_batch_inner_outputs, set_tuning_layout
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -169,42 +169,3 @@ def test_kept_only_when_faster_and_outputs_unchanged(inner_faster):
         layouts = [tuned[name].config.out_layout for name in "abcd"]
         assert layouts == (["batch_inner"] * 3 + ["nchw"] if inner_faster else ["nchw"] * 4)
         assert relative_error(gm(x), want) < 1e-5
-
-
-class SequenceTimer:
-    """measure: the next of `ms` for each call, whatever the label; runs fn once (the model must work)."""
-
-    def __init__(self, ms):
-        self.ms, self.seen = list(ms), []
-
-    def measure(self, candidate, fn):
-        fn()
-        self.seen.append(candidate.label())
-        return self.ms.pop(0)
-
-
-@needs_interpreter
-@pytest.mark.parametrize("faster", [True, False])
-def test_nchw_direct_layers_switch_to_batch_together_only_when_the_model_gets_faster(faster):
-    from sparsecnn.kernels.triton.direct_conv import DirectConfig
-
-    model, gm, tuned = _batch_model("", Branches())
-    x = torch.randn(4, 3, 9, 9)
-    chunk = DirectConfig(16, 1, 2, 1, 1, "chunk", 8)
-    for layer in tuned.values():
-        layer._set_backend("direct", chunk)
-    with torch.no_grad():
-        gm(x)   # binds every layer to its input
-        settled = keep_batch_inner_outputs(gm, lambda: gm(x), tuned, SequenceTimer([]))
-        assert settled == ([], {})
-        timer = SequenceTimer([2.0, 1.5, 1.0] if faster else [2.0, 2.5, 2.2])   # before, then NCHW / batch-innermost
-        switched, names, times = switch_to_batch(gm, lambda: gm(x), tuned, timer, settled)
-        assert timer.seen == ["model:settled layouts", "model:nchw outputs", "model:batch-innermost outputs"]
-        variants = {layer.config.variant for layer in tuned.values()}
-        if faster:
-            assert switched == ["a", "b", "c"] and names == ["a", "b", "c"] and variants == {"batch"}
-            assert times == {"nchw": 1.5, "batch_inner": 1.0, "switched to batch": 1.0}
-        else:
-            assert switched == [] and names == [] and variants == {"chunk"}
-            assert times == {"switched to batch": 2.2}
-        assert relative_error(gm(x), model(x)) < 1e-5

@@ -97,9 +97,7 @@ class TuneReport:
     tuning (`PhaseClock.seconds`; "total" is the whole call) and of the jobs run ahead in worker
     processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict), and the `direct` "batch"
     layers that write batch-innermost outputs (`nn.layout`) with the whole-model times that decided
-    it (`layout_ms`: "nchw", "batch_inner", and "switched to batch" when `nn.layout.switch_to_batch`
-    tried moving the NCHW `direct` layers to "batch": `switched_to_batch` lists them when kept), and the run
-    mode the times stand for ("graph": GPU
+    it (`layout_ms`: "nchw", "batch_inner"), and the run mode the times stand for ("graph": GPU
     time, as CUDA graphs and torch.compile run it; "eager": eager wall time). The layer results are
     the per-layer decisions; when the check kept dense, the layers run `model_check.dense_backend`
     instead, but for its `switched` layers (and when it kept the tuned ones, the `switched` layers
@@ -116,7 +114,6 @@ class TuneReport:
     batch_inner_outputs: List[str] = dataclasses.field(default_factory=list)
     layout_ms: Dict[str, float] = dataclasses.field(default_factory=dict)
     run_mode: str = "graph"
-    switched_to_batch: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def total_ms(self) -> float:

@@ -11,12 +11,6 @@ and an NCHW output there costs a strided store and a copy of its residual). Only
 `prepare_for_inference` (torch.fx) say who consumes what; in other models every layer writes NCHW.
 The change is timed on the whole model and kept only when faster. While tuning, "batch" layers
 write batch-innermost outputs (`set_tuning_layout`), so the next layer is timed on that input.
-
-Layers are tuned one at a time on the input they get, so a chain of NCHW choices holds itself up:
-after a concatenation with one NCHW input (GoogLeNet), the next layers see NCHW and pick the
-NCHW direct kernel, whose outputs are NCHW again. `switch_to_batch` tries the way out as a whole:
-every `direct` layer on an NCHW variant switched to "batch" at once, the layouts settled again,
-kept only when the whole model gets faster.
 """
 from __future__ import annotations
 
@@ -81,52 +75,6 @@ def _set_out_layout(layers: List[SparseConv2d], layout: str) -> None:
             packed = layer.packed_weight()
             layer._set_backend(layer.backend, dataclasses.replace(layer.config, out_layout=layout))
             layer.adopt_packed(packed)
-
-
-def _batch_config(layer):
-    """The "batch" config a `direct` layer on an NCHW variant would switch to (the first "batch"
-    auto config for its bound input, with its chunk when one matches, so the packed weight serves
-    as it is), or None."""
-    spec = layer.bound_spec if isinstance(layer, SparseConv2d) else None
-    if layer.backend != "direct" or spec is None or getattr(layer.config, "variant", "batch") == "batch":
-        return None
-    from ..kernels.triton.direct_conv import auto_configs
-
-    configs = [config for config in auto_configs(spec, layer.weight.dtype) if config.variant == "batch"]
-    same_chunk = [config for config in configs if config.chunk == getattr(layer.config, "chunk", None)]
-    return (same_chunk or configs or [None])[0]
-
-
-def switch_to_batch(model: nn.Module, run: Callable[[], object], tuned: Dict[str, SparseConv2d], timer: Timer,
-                    settled: Tuple[List[str], Dict[str, float]]) -> Tuple[List[str], List[str], Dict[str, float]]:
-    """Every tuned `direct` layer on an NCHW variant switched to "batch" together, then the layouts
-    settled by `keep_batch_inner_outputs`; kept if the whole model gets at least 1% faster than with
-    `settled` ((batch-innermost layers, their layout times), what `keep_batch_inner_outputs` gave).
-
-    Returns (the switched layers, [] when reverted; the batch-innermost layers; the layout times,
-    with "switched to batch" added when tried)."""
-    configs = {name: config for name, layer in tuned.items() if (config := _batch_config(layer)) is not None}
-    names, times = settled
-    if not configs:
-        return [], names, times
-    before_ms = min(times.values()) if times else timer.measure(Candidate("model:settled layouts"), run)
-    saved = {name: layer._backend_state() for name, layer in tuned.items()}
-    for name, config in configs.items():
-        layer = tuned[name]
-        packed = layer.packed_weight() if config.chunk == getattr(layer.config, "chunk", None) else None
-        layer._set_backend("direct", config)
-        if packed is not None:
-            layer.adopt_packed(packed)
-    switched_names, switched_times = keep_batch_inner_outputs(model, run, tuned, timer)
-    after_ms = (min(switched_times.values()) if switched_times
-                else timer.measure(Candidate("model:switched to batch"), run))
-    times = {**times, "switched to batch": after_ms}
-    _LOG.info("%d direct layers switched to batch: model %.4g ms, before %.4g ms", len(configs), after_ms, before_ms)
-    if after_ms < before_ms * 0.99:
-        return list(configs), switched_names, {**switched_times, "switched to batch": after_ms}
-    for name, state in saved.items():
-        tuned[name]._restore_backend(state)
-    return [], names, times
 
 
 def set_tuning_layout(layer: SparseConv2d) -> None:

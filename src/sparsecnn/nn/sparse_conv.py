@@ -140,11 +140,6 @@ class SparseConv2d(nn.Module):
         r, s = (1, self.weight.shape[2]) if self.conv_dims == 1 else self.weight.shape[2:]
         return ConvSpec(n, c, self.out_channels, h, w, r, s, self.stride, self.padding, self.dilation, self.groups)
 
-    @property
-    def bound_spec(self) -> Optional[ConvSpec]:
-        """The `ConvSpec` of the input the layer was last bound for (None before its first call)."""
-        return None if self._binding is None else self._binding.spec
-
     def _weight_4d(self) -> torch.Tensor:
         weight = self.weight * self.mask
         return weight.unsqueeze(2) if self.conv_dims == 1 else weight

@@ -26,7 +26,7 @@ from ..autotune.tuner import finish_deferred
 from ..backends import get_backend
 from ..backends.workers import job_times, reset_job_times
 from ..kernels.reference import relative_error
-from .layout import is_batch_inner, keep_batch_inner_outputs, set_tuning_layout, switch_to_batch
+from .layout import is_batch_inner, keep_batch_inner_outputs, set_tuning_layout
 from .model_check import check_against_dense
 from .sparse_conv import SparseConv2d
 
@@ -191,18 +191,16 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
         _log_notes(tuning.results.values())
         tuned = {name: layers[name] for name in tuning.results}
         with torch.no_grad(), tf32_flags(False):
-            def run():
-                return model(*_cast(inputs, policy.dtype))
-
             with clock.phase("layouts"):
-                settled = keep_batch_inner_outputs(model, run, tuned, timer)
-                switched, batch_inner, layout_ms = switch_to_batch(model, run, tuned, timer, settled)
+                batch_inner, layout_ms = keep_batch_inner_outputs(model, lambda: model(*_cast(inputs, policy.dtype)),
+                                                                  tuned, timer)
             with clock.phase("model check"):
-                check = check_against_dense(run, tuned, tuning.results, device.type, timer)
+                check = check_against_dense(lambda: model(*_cast(inputs, policy.dtype)), tuned, tuning.results,
+                                            device.type, timer)
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
-                      [name for name in batch_inner if is_batch_inner(tuned[name])], layout_ms, run_mode, switched)
+                      [name for name in batch_inner if is_batch_inner(tuned[name])], layout_ms, run_mode)
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):
