@@ -54,5 +54,6 @@ STAGED = register_backend(Backend(
     bind=_bind,
     spec_check=_spec_check,
     configs=lambda spec, dtype: _kernels().candidate_configs(spec),
+    auto_configs=lambda spec, dtype: _kernels().auto_configs(spec),
     config_from_dict=lambda saved: _kernels().StagedConfig.from_dict(saved),
 ))

@@ -47,6 +47,7 @@ MAX_SMEM_BYTES = 227 * 1024   # sm_90: dynamic shared memory per block
 _MAX_ACCUMULATORS = 128       # floats per thread; beyond this the accumulators spill
 _MAX_GRID_Y = 65535
 _SMS = 132              # H100 SXM / H200: sizes the candidates' grids
+_MIN_AUTO_OUTPUTS = 28 * 28 * 32   # output pixels x images below which `auto` does not try staged
 _WARPS_PER_SM = 16      # what the candidates aim for: two blocks of 8 warps (registers allow that many)
 # Blocks per SM the register allocation must allow (__launch_bounds__): 128 registers per thread for
 # 8 warps, 168 for 4 (at 128, 4 x 4 tiles of 7x7 kernels spilled), more for smaller blocks.
@@ -142,6 +143,16 @@ def candidate_configs(spec: ConvSpec) -> List[StagedConfig]:
         if config.smem_bytes(spec) <= MAX_SMEM_BYTES:
             configs.append(config)
     return list(dict.fromkeys(configs))
+
+
+def auto_configs(spec: ConvSpec) -> List[StagedConfig]:
+    """The candidates `backend="auto"` tries: all of `candidate_configs` on layers of at least
+    28 x 28 output pixels x 32 images, none below. On the H100 at N=32 (DLMC ResNet-50 and VGG
+    layers, `benchmarks/results/2026-11-23-h100-s13-staged-b47b328.jsonl`) `staged` beat `direct` on
+    9 of 11 layers with 28x28 to 112x112 outputs, and on 1 of 8 at 14x14 and 7x7 (vgg-512x14-512, by
+    7%; the ResNet-50 ones ran at 0.55-0.91x of direct's speed): too few blocks to fill the GPU there.
+    Each candidate costs a compile and a timed run while tuning."""
+    return candidate_configs(spec) if spec.P * spec.Q * spec.N >= _MIN_AUTO_OUTPUTS else []
 
 
 def _blocks(spec: ConvSpec, tile_h: int, tile_w: int, rows_per_block: int) -> int:
