@@ -58,8 +58,8 @@ int main(int argc, char** argv) {
   auto channel = load<int>(argv[4]); auto bias = load<float>(argv[5]); auto res = load<float>(argv[6]);
   std::vector<float> y(atol(argv[8]), __builtin_nanf(""));
   unsigned gx = atoi(argv[9]), gy = atoi(argv[10]);
-  int v[16];
-  for (int i = 0; i < 16; ++i) v[i] = atoi(argv[13 + i]);
+  int v[17];
+  for (int i = 0; i < 17; ++i) v[i] = atoi(argv[13 + i]);
   for (unsigned by = 0; by < gy; ++by)
     for (unsigned bx = 0; bx < gx; ++bx) {
       std::barrier<> barrier(THREADS);
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
           blockIdx = {bx, by, 0};
           sparsecnn_staged_conv(x.data(), nz.data(), ptr.data(), channel.data(), atoi(argv[11]) ? bias.data() : 0,
                                 atoi(argv[12]) ? res.data() : 0, y.data(), v[0], v[1], v[2], v[3], v[4], v[5], v[6],
-                                v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15]);
+                                v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15], v[16]);
         });
       for (auto& thread : threads) thread.join();
     }
@@ -97,7 +97,7 @@ def run_staged_on_cpu(x, packed, spec, config, bias, residual, relu, out_strides
     at `out_strides` (elements, (N, K, P, Q) order) into a buffer of NaNs: returns that (N, K, P, Q)
     view as a dense array (NaN where nothing was written)."""
     out_vectors = out_strides[0] == 1 and all(s % 4 == 0 for s in out_strides[1:])
-    source = staged.kernel_source(spec, config, relu, bias is not None, residual is not None, out_vectors)
+    source = staged.kernel_source(spec, config)
     (tmp_path / "run.cpp").write_text(cpu_source(source))
     subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-w", "run.cpp", "-o", "run"],
                    cwd=tmp_path, check=True)
@@ -113,8 +113,9 @@ def run_staged_on_cpu(x, packed, spec, config, bias, residual, relu, out_strides
         np.lib.stride_tricks.as_strided(res_buffer, residual.shape, [4 * s for s in out_strides])[...] = residual
     res_buffer.tofile(tmp_path / "res.bin")
     assert packed.max_segment <= 4096, "the CPU runner's shared memory holds two segments of 4096 non-zeros"
+    flags = staged.epilogue_flags(relu, bias is not None, residual is not None, out_vectors)
     grid, ints = staged.launch_geometry(spec, config, packed.channel.numel(), packed.n_chunks, packed.max_segment,
-                                        out_strides)
+                                        out_strides, flags)
     subprocess.run(["./run", "x.bin", "nz.bin", "ptr.bin", "channel.bin", "bias.bin", "res.bin", "y.bin", str(size),
                     str(grid[0]), str(grid[1]), str(int(bias is not None)), str(int(residual is not None)),
                     *map(str, ints)], cwd=tmp_path, check=True)

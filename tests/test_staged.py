@@ -189,7 +189,7 @@ def test_every_candidate_compiles_without_spills(geometry):
     r, stride, padding = geometry
     spec = _spec(64, 64, 28, 28, r, stride, padding)
     for config in staged.candidate_configs(spec):
-        source = staged.kernel_source(spec, config, True, True, True, True)
+        source = staged.kernel_source(spec, config)
         ptx, _ = toolchain.nvcc_ptx(source)
         _, info, _ = toolchain.ptxas_cubin(ptx)
         assert info.spill_stores == 0 and info.spill_loads == 0, (config, info)

@@ -160,13 +160,10 @@ def _blocks(spec: ConvSpec, tile_h: int, tile_w: int, rows_per_block: int) -> in
     return tiles * -(-spec.K // rows_per_block) * max(1, spec.N // IMAGES)
 
 
-def kernel_source(spec: ConvSpec, config: StagedConfig, relu: bool, has_bias: bool, has_residual: bool,
-                  out_vectors: bool) -> str:
-    """CUDA C of the kernel for one geometry (R, S, stride), config and epilogue.
-
-    out_vectors: the output (and residual) is batch-innermost (stride 1 along N, 16-byte aligned),
-    so each lane stores its 4 images as one float4.
-    """
+def kernel_source(spec: ConvSpec, config: StagedConfig) -> str:
+    """CUDA C of the kernel for one geometry (R, S, stride) and config. The epilogue (bias,
+    residual, ReLU, float4 stores) is chosen per launch by the `flags` argument (`epilogue_flags`):
+    uniform branches, run once per output, so one compile serves every layer of that geometry."""
     halo_h, halo_w = config.halo(spec)
     pixel_offsets = ", ".join(
         str((((t * 4) // config.tile_w) * spec.stride[0] * halo_w + ((t * 4) % config.tile_w) * spec.stride[1])
@@ -174,7 +171,6 @@ def kernel_source(spec: ConvSpec, config: StagedConfig, relu: bool, has_bias: bo
         for t in range(config.tile_h * config.tile_w // 4))
     defines = dict(TH=config.tile_h, TW=config.tile_w, SH=spec.stride[0], SW=spec.stride[1], HALO_H=halo_h,
                    HALO_W=halo_w, CC=config.chunk_c, CPW=config.rows_per_warp, WARPS=config.warps,
-                   RELU=int(relu), HAS_BIAS=int(has_bias), HAS_RES=int(has_residual), OUT_VEC=int(out_vectors),
                    MIN_BLOCKS=MIN_BLOCKS_PER_SM[config.warps])
     header = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return header + f"#define PIXEL_OFFSETS {{{pixel_offsets}}}\n" + COPY_PRIMITIVES + _BODY
@@ -228,7 +224,8 @@ sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, 
                       const int* __restrict__ channel, const float* __restrict__ bias,
                       const float* __restrict__ res, float* __restrict__ y,
                       int C, int H, int W, int N, int P, int Q, int pad_h, int pad_w, int tiles_w, int groups,
-                      int n_chunks, int max_segment, int ys_n, int ys_k, int ys_h, int ys_w) {
+                      int n_chunks, int max_segment, int ys_n, int ys_k, int ys_h, int ys_w, int flags) {
+  const bool relu = flags & 1, has_bias = flags & 2, has_res = flags & 4, out_vec = flags & 8;
   extern __shared__ float4 smem[];
   int2* const staged_nz = reinterpret_cast<int2*>(smem + 2 * STAGE_F4);   // two buffers of max_segment
   const int pixel_offset[PPL] = PIXEL_OFFSETS;
@@ -309,15 +306,15 @@ sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, 
   for (int i = 0; i < CPW; ++i) {
     const int k = __ldg(channel + row0 + i);
     if (k < 0) continue;
-    const float b = HAS_BIAS ? __ldg(bias + k) : 0.f;
+    const float b = has_bias ? __ldg(bias + k) : 0.f;
 #pragma unroll
     for (int t = 0; t < PPL; ++t) {
       const int oh = oh0 + (t * 4) / TW, ow = ow0 + (t * 4) % TW + lane / LPP;
       if (oh >= P || ow >= Q) continue;
       const long long at = (long long)k * ys_k + (long long)oh * ys_h + (long long)ow * ys_w + (long long)n * ys_n;
       float v[4] = {acc[i][t].x + b, acc[i][t].y + b, acc[i][t].z + b, acc[i][t].w + b};
-      if (HAS_RES) {
-        if (OUT_VEC) {
+      if (has_res) {
+        if (out_vec) {
           const float4 r = *reinterpret_cast<const float4*>(res + at);
           v[0] += r.x; v[1] += r.y; v[2] += r.z; v[3] += r.w;
         } else {
@@ -325,11 +322,11 @@ sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, 
           for (int u = 0; u < 4; ++u) v[u] += res[at + (long long)u * ys_n];
         }
       }
-      if (RELU) {
+      if (relu) {
 #pragma unroll
         for (int u = 0; u < 4; ++u) v[u] = fmaxf(v[u], 0.f);
       }
-      if (OUT_VEC) {
+      if (out_vec) {
         *reinterpret_cast<float4*>(y + at) = make_float4(v[0], v[1], v[2], v[3]);
       } else {
 #pragma unroll
@@ -360,11 +357,10 @@ class _Compiled:
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_kernel(spec: ConvSpec, config: StagedConfig, relu: bool, has_bias: bool, has_residual: bool,
-                    out_vectors: bool) -> _Compiled:
-    """The kernel for this geometry (only R, S and the stride of `spec` matter), config and
-    epilogue: its cubin from the disk cache (keyed by source and toolchain) or nvcc/ptxas."""
-    source = kernel_source(spec, config, relu, has_bias, has_residual, out_vectors)
+def compiled_kernel(spec: ConvSpec, config: StagedConfig) -> _Compiled:
+    """The kernel for this geometry (only R, S and the stride of `spec` matter) and config: its
+    cubin from the disk cache (keyed by source and toolchain) or nvcc/ptxas."""
+    source = kernel_source(spec, config)
     cache = DiskCache()
     key = toolchain.cache_key("staged", source, toolchain.toolchain_id())
     cubin = cache.get(key, "cubin")
@@ -404,16 +400,23 @@ def new_output(shape: Tuple[int, ...], x: torch.Tensor, config: StagedConfig) ->
     return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 
+def epilogue_flags(relu: bool, has_bias: bool, has_residual: bool, out_vectors: bool) -> int:
+    """The kernel's `flags`: bit 0 ReLU, 1 bias, 2 residual, 3 float4 stores (out_vectors: the output
+    and residual are batch-innermost, stride 1 along N and 16-byte aligned)."""
+    return int(relu) | int(has_bias) << 1 | int(has_residual) << 2 | int(out_vectors) << 3
+
+
 def launch_geometry(spec: ConvSpec, config: StagedConfig, n_rows: int, n_chunks: int, max_segment: int,
-                    out_strides) -> Tuple[Tuple[int, int, int], Tuple[int, ...]]:
+                    out_strides, flags: int) -> Tuple[Tuple[int, int, int], Tuple[int, ...]]:
     """(grid, the kernel's int arguments) for `spec` with an output of `out_strides` (elements,
-    (N, K, P, Q) order): blocks are (channel group fastest, then output tile) x image blocks."""
+    (N, K, P, Q) order) and epilogue `flags`: blocks are (channel group fastest, then output tile)
+    x image blocks."""
     tiles_w = -(-spec.Q // config.tile_w)
     tiles = -(-spec.P // config.tile_h) * tiles_w
     groups = n_rows // config.rows_per_block
     grid = (tiles * groups, spec.N // IMAGES, 1)
     ints = (spec.C, spec.H, spec.W, spec.N, spec.P, spec.Q, spec.padding[0], spec.padding[1], tiles_w, groups,
-            n_chunks, max_segment, *out_strides)
+            n_chunks, max_segment, *out_strides, flags)
     return grid, ints
 
 
@@ -481,8 +484,9 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
     if residual is not None and residual.stride() != out.stride():
         residual = torch.empty_like(out).copy_(residual)   # the epilogue reads it at out's offsets
     bias = None if bias is None else bias.contiguous()
-    compiled = compiled_kernel(_geometry(spec), config, relu, bias is not None, residual is not None, out_vectors)
-    grid, ints = launch_geometry(spec, config, channel.numel(), chunk_ptr.shape[1], max_segment, out.stride())
+    compiled = compiled_kernel(_geometry(spec), config)
+    flags = epilogue_flags(relu, bias is not None, residual is not None, out_vectors)
+    grid, ints = launch_geometry(spec, config, channel.numel(), chunk_ptr.shape[1], max_segment, out.stride(), flags)
     pointers = (xt.data_ptr(), entries.data_ptr(), chunk_ptr.data_ptr(), channel.data_ptr(),
                 bias.data_ptr() if bias is not None else 0, residual.data_ptr() if residual is not None else 0,
                 out.data_ptr())
