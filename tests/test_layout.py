@@ -110,16 +110,6 @@ def test_candidates_look_through_concatenations_of_batch_layers_only():
 
 
 @needs_interpreter
-def test_concatenated_batch_innermost_outputs_are_unchanged():
-    model, gm, tuned = _batch_model("abc", Branches())
-    x = torch.randn(4, 3, 9, 9)
-    with torch.no_grad():
-        timer = ScriptedTimer({"model:nchw outputs": 2.0, "model:batch-innermost outputs": 1.0})
-        assert keep_batch_inner_outputs(gm, lambda: gm(x), tuned, timer)[0] == ["a", "b", "c"]
-        assert relative_error(gm(x), model(x)) < 1e-5
-
-
-@needs_interpreter
 def test_staged_layers_are_batch_layers_and_keep_their_backend():
     from sparsecnn.kernels.codegen.staged import StagedConfig
 
@@ -143,12 +133,14 @@ def test_candidates_look_through_max_pools_and_end_at_average_pools():
 
 
 @needs_interpreter
-def test_pooled_chain_outputs_unchanged_batch_innermost():
-    model, gm, tuned = _batch_model("ab", PooledChain())
+@pytest.mark.parametrize("model_class, layers", [(PooledChain, "ab"), (Branches, "abc")],
+                         ids=["through-a-max-pool", "through-a-concatenation"])
+def test_batch_innermost_outputs_leave_the_outputs_unchanged(model_class, layers):
+    model, gm, tuned = _batch_model(layers, model_class())
     x = torch.randn(4, 3, 9, 9)
     with torch.no_grad():
         timer = ScriptedTimer({"model:nchw outputs": 2.0, "model:batch-innermost outputs": 1.0})
-        assert keep_batch_inner_outputs(gm, lambda: gm(x), tuned, timer)[0] == ["a", "b"]
+        assert keep_batch_inner_outputs(gm, lambda: gm(x), tuned, timer)[0] == list(layers)
         assert relative_error(gm(x), model(x)) < 1e-5
 
 
