@@ -19,9 +19,18 @@ images of one (c, h, w), 128 contiguous bytes, read by 8 lanes as float4s. Lane 
 pixel groups of a lane differ by compile-time offsets. The output (N, K, P, Q) has any strides;
 batch-innermost outputs are written as float4s.
 
-Non-zeros. `formats.StagedCSRWeight`: per row (output channel, load-balanced across warps), per
-chunk of input channels, (weight bits, offset into the staged tile) int32 pairs: one uniform
-8-byte load per non-zero and warp, then tile_h * tile_w / 4 shared reads and 4x as many FMAs.
+Non-zeros. `formats.StagedCSRWeight`: per block of rows (output channels, dealt to warps by
+decreasing non-zero count), per chunk of input channels, one contiguous segment of (weight bits,
+offset into the staged tile) int32 pairs, copied to shared memory with the chunk's input (each
+row's bounds are loaded from global memory a chunk ahead). Per non-zero a warp reads one pair
+(a broadcast 8-byte shared load), then tile_h * tile_w / 4 input vectors, and does 4x as many
+FMAs per lane. With the pairs read from global memory instead (uniform loads, L2 latency on every
+step) the best config per layer ran 1.1-2.0x slower (H100, 19 layers, each commit with its own
+candidate configs: `benchmarks/results/2026-11-23-h100-s13-staged-{7e45c82,b47b328}.jsonl`).
+
+Measured (H100, fp32, N=32, 0.9): 2.6-2.7x cuDNN fp32 on VGG layers of 56x56 and 112x112
+outputs, where Nsight Compute puts it at 82% of the memory-pipe peak (shared-memory bound); on
+14x14 and 7x7 outputs too few blocks fill the GPU and `direct` is faster (see `auto_configs`).
 """
 from __future__ import annotations
 
@@ -454,8 +463,9 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
 
     x: (N, C, H, W) float32 CUDA, N a multiple of 32, any strides (batch-innermost is read in
     place, anything else is transposed first); entries/chunk_ptr/channel: `weight_arrays` for this
-    layer and config; kernel_shape (K, C, R, S); max_segment: the weight's `max_segment`; bias: (K,) or None; residual: (N, K, P, Q) or
-    None; out: (N, K, P, Q) float32 with any strides (default: new, in config.out_layout).
+    layer and config; kernel_shape (K, C, R, S); max_segment: the weight's `max_segment`; bias:
+    (K,) or None; residual: (N, K, P, Q) or None; out: (N, K, P, Q) float32 with any strides
+    (default: new, in config.out_layout).
     Returns out.
     """
     (sh, sw), (ph, pw) = stride_padding(stride, padding)
