@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 
-from sparsecnn.kernels.codegen import staged
+from sparsecnn.kernels.codegen import staged, staged_source
 
 _SHIM = r"""
 #include <barrier>
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
 
 def cpu_source(gpu_source: str) -> str:
     """The kernel's CUDA C as a C++ program (see the module docstring)."""
-    body = gpu_source.replace(staged.COPY_PRIMITIVES, "")
+    body = gpu_source.replace(staged_source.COPY_PRIMITIVES, "")
     body = body.replace('extern "C" ', "").replace("extern __shared__ float4 smem[];",
                                                    "static float4 smem[2 * STAGE_F4 + 4096];")
     return _SHIM + body + _MAIN

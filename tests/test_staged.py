@@ -16,7 +16,7 @@ from codegen_helpers import needs_gxx, needs_tools
 from conftest import needs_cuda
 from sparsecnn.backends import get_backend
 from sparsecnn.formats.staged import StagedCSRWeight
-from sparsecnn.kernels.codegen import staged, toolchain
+from sparsecnn.kernels.codegen import staged, staged_source, toolchain
 from sparsecnn.kernels.reference import reference_conv, relative_error
 from sparsecnn.layers import ConvSpec
 from staged_helpers import run_staged_on_cpu
@@ -193,7 +193,7 @@ def test_every_candidate_compiles_without_spills(geometry):
         ptx, _ = toolchain.nvcc_ptx(source)
         _, info, _ = toolchain.ptxas_cubin(ptx)
         assert info.spill_stores == 0 and info.spill_loads == 0, (config, info)
-        blocks = staged.MIN_BLOCKS_PER_SM[config.warps]
+        blocks = staged_source.MIN_BLOCKS_PER_SM[config.warps]
         assert info.registers * 32 * config.warps * blocks <= 65536, (config, info)   # that many blocks fit an SM
 
 
