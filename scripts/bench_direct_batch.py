@@ -23,6 +23,7 @@ from sparsecnn.backends import get_backend
 from sparsecnn.bench.env import environment, new_run_id
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.bench.schema import torch_dtype, write_jsonl
+from sparsecnn.kernels.batch_inner import batch_inner_view
 from sparsecnn.kernels.reference import reference_conv, relative_error
 from sparsecnn.kernels.triton import direct_batch, direct_conv
 from sparsecnn.layers import get_suite
@@ -50,7 +51,7 @@ def _layer_rows(spec, dtype_name, args, base):
     res = res_inner = None
     if args.residual:
         res = torch.randn(spec.output_shape, device="cuda").to(dtype)
-        res_inner = direct_batch.batch_inner_view(spec.output_shape, dtype, x.device).copy_(res)
+        res_inner = batch_inner_view(spec.output_shape, dtype, x.device).copy_(res)
         ref = (ref.double() + res.double()).relu()
     fused = dict(relu=True) if args.residual else {}
     stride, padding = spec.stride, spec.padding
@@ -70,7 +71,7 @@ def _layer_rows(spec, dtype_name, args, base):
     row("cudnn", {"layout": "channels_last" if dtype != torch.float32 else "nchw"},
         _time(cudnn, ref))
     backend = get_backend("direct")
-    x_inner = direct_batch.batch_inner_view(x.shape, dtype, x.device).copy_(x)
+    x_inner = batch_inner_view(x.shape, dtype, x.device).copy_(x)
     for config in backend.configs(spec, dtype):
         if config.variant not in args.variants.split(","):
             continue
@@ -80,7 +81,7 @@ def _layer_rows(spec, dtype_name, args, base):
             _time(lambda: direct_conv.direct_conv2d(x, packed, None, stride, padding, config, residual=res, **fused),
                   ref))
         if config.variant == "batch":
-            out = direct_batch.batch_inner_view(spec.output_shape, dtype, x.device)
+            out = batch_inner_view(spec.output_shape, dtype, x.device)
             row("direct", {**cfg, "io": "batch_inner"},
                 _time(lambda: direct_conv.direct_conv2d(x_inner, packed, None, stride, padding, config, out=out,
                                                         residual=res_inner, **fused), ref))

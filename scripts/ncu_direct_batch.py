@@ -14,7 +14,8 @@ import torch
 
 from sparsecnn.backends import get_backend
 from sparsecnn.bench.patterns import make_weight
-from sparsecnn.kernels.triton import direct_batch, direct_conv
+from sparsecnn.kernels.batch_inner import batch_inner_view
+from sparsecnn.kernels.triton import direct_conv
 from sparsecnn.layers import get_suite
 
 
@@ -26,9 +27,9 @@ def main() -> None:
     args = parser.parse_args()
     spec = {s.name: s for s in get_suite("resnet50")}[args.layer].with_batch(args.batch)
     weight, _ = make_weight(spec, 0.9, "dlmc-magnitude_pruning", 0, "cuda")
-    x = direct_batch.batch_inner_view(spec.input_shape, torch.float32, torch.device("cuda"))
+    x = batch_inner_view(spec.input_shape, torch.float32, torch.device("cuda"))
     x.copy_(torch.randn(spec.input_shape, device="cuda"))
-    out = direct_batch.batch_inner_view(spec.output_shape, torch.float32, x.device)
+    out = batch_inner_view(spec.output_shape, torch.float32, x.device)
     for text in args.configs.split(";"):
         block_pix, warps = (int(v) for v in text.split(","))
         config = direct_conv.DirectConfig(block_pix, 1, min(32, args.batch), warps, 1, "batch", 8)

@@ -14,8 +14,8 @@ import argparse
 import torch
 
 from sparsecnn.bench.patterns import make_weight
+from sparsecnn.kernels.batch_inner import batch_inner_view
 from sparsecnn.kernels.codegen import staged
-from sparsecnn.kernels.triton import direct_batch
 from sparsecnn.layers import get_suite
 
 
@@ -29,9 +29,9 @@ def main() -> None:
     args = parser.parse_args()
     spec = {s.name: s for s in get_suite(args.suite)}[args.layer].with_batch(args.batch)
     weight, _ = make_weight(spec, 0.9, args.pattern, 0, "cuda")
-    x = direct_batch.batch_inner_view(spec.input_shape, torch.float32, torch.device("cuda"))
+    x = batch_inner_view(spec.input_shape, torch.float32, torch.device("cuda"))
     x.copy_(torch.randn(spec.input_shape, device="cuda"))
-    out = direct_batch.batch_inner_view(spec.output_shape, torch.float32, x.device)
+    out = batch_inner_view(spec.output_shape, torch.float32, x.device)
     config = staged.StagedConfig(*(int(v) for v in args.config.split(",")))
     packed = staged.pack_weight(weight, config)
     for _ in range(3):

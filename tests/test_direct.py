@@ -113,7 +113,7 @@ def batch_for(config, default=3):
 
 def batch_inner(x):
     """x (N, C, H, W) copied into the batch-innermost layout (strides (1, H*W*N, W*N, N))."""
-    from sparsecnn.kernels.triton.direct_batch import batch_inner_view
+    from sparsecnn.kernels.batch_inner import batch_inner_view
 
     return batch_inner_view(x.shape, x.dtype, x.device).copy_(x)
 
@@ -379,7 +379,7 @@ def test_non_contiguous_inputs(layout, padding):
 @pytest.mark.parametrize("out_layout", ["nchw", "batch_inner"])
 @pytest.mark.parametrize("in_layout", ["nchw", "batch_inner", "channels_last"])
 def test_batch_variant_layouts_and_residual(in_layout, out_layout):
-    from sparsecnn.kernels.triton.direct_batch import batch_inner_view, is_batch_inner
+    from sparsecnn.kernels.batch_inner import batch_inner_view, is_batch_inner
 
     base = inputs(8, 3, 13, 13)
     x = {"nchw": base, "channels_last": base.to(memory_format=torch.channels_last),
@@ -402,7 +402,8 @@ def test_batch_variant_layouts_and_residual(in_layout, out_layout):
 @pytest.mark.parametrize("layout", ["nchw", "channels_last", "sliced", "batch_inner"])
 @pytest.mark.parametrize("pad", [(0, 0), (1, 2), (3, 0)])
 def test_padded_batch_inner_matches_torch(layout, pad):
-    from sparsecnn.kernels.triton.direct_batch import batch_inner_view, padded_batch_inner
+    from sparsecnn.kernels.batch_inner import batch_inner_view
+    from sparsecnn.kernels.triton.direct_batch import padded_batch_inner
 
     base = inputs(5, 3, 7, 22)
     x = {"nchw": base[..., :11].contiguous(), "channels_last": base[..., :11].to(memory_format=torch.channels_last),
@@ -642,7 +643,7 @@ def test_gpu_batch_variant(dtype, batch):
     """Every "batch" candidate of a batch of 32 or 8 (vector loads on the GPU), NCHW and
     batch-innermost input and output, odd shapes, fused residual and ReLU. A padded batch-innermost
     input takes the masked path: bitwise equal to the pack path on it."""
-    from sparsecnn.kernels.triton.direct_batch import batch_inner_view
+    from sparsecnn.kernels.batch_inner import batch_inner_view
 
     bias = torch.randn(33, device="cuda").to(dtype)
     for kernel, stride, padding in ((3, 1, 1), (3, 2, 0), (3, 1, 3), (5, 2, 2), (7, 1, (3, 1))):

@@ -29,7 +29,7 @@ from sparsecnn.bench.env import environment, new_run_id
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.formats import ChunkedCSRWeight
 from sparsecnn.kernels.reference import reference_conv, relative_error
-from sparsecnn.kernels.triton.direct_batch import batch_inner_view
+from sparsecnn.kernels.batch_inner import batch_inner_view
 from sparsecnn.kernels.triton.direct_conv import direct_conv2d_arrays, weight_arrays
 from sparsecnn.layers import ConvSpec, get_suite
 

@@ -5,9 +5,10 @@ import json, sys
 import torch, triton, triton.language as tl
 import torch.nn.functional as F
 from sparsecnn.autotune import benchmark
-from sparsecnn.bench.patterns import make_weight
 from sparsecnn.bench.env import environment
+from sparsecnn.bench.patterns import make_weight
 from sparsecnn.formats import ChunkedCSRWeight
+from sparsecnn.kernels.batch_inner import batch_inner_view
 from sparsecnn.kernels.reference import reference_conv, relative_error
 from sparsecnn.kernels.triton import direct_batch
 from sparsecnn.kernels.triton.direct_conv import weight_arrays
@@ -60,7 +61,7 @@ def main():
         ph, pw = spec.padding
         xp = direct_batch.padded_batch_inner(x, ph, pw)
         hp, wp = xp.shape[1], xp.shape[2]
-        out = direct_batch.batch_inner_view(spec.output_shape, torch.float32, x.device)
+        out = batch_inner_view(spec.output_shape, torch.float32, x.device)
         pq = spec.P * spec.Q
         errs = {}
         for chunk in (8, 16):

@@ -22,9 +22,10 @@ from sparsecnn.backends import get_backend
 from sparsecnn.bench.env import environment, new_run_id
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.bench.schema import write_jsonl
+from sparsecnn.kernels.batch_inner import batch_inner_view
 from sparsecnn.kernels.codegen import staged
 from sparsecnn.kernels.reference import reference_conv, relative_error
-from sparsecnn.kernels.triton import direct_batch, direct_conv
+from sparsecnn.kernels.triton import direct_conv
 from sparsecnn.layers import get_suite
 
 LAYERS = {
@@ -49,9 +50,9 @@ def layer_rows(spec, pattern, residual, base):
     res = torch.randn(spec.output_shape, device="cuda") if residual else None
     if residual:
         ref = (ref.double() + res.double()).relu()
-    x_inner = direct_batch.batch_inner_view(x.shape, x.dtype, x.device).copy_(x)
-    res_inner = None if res is None else direct_batch.batch_inner_view(res.shape, x.dtype, x.device).copy_(res)
-    out_inner = direct_batch.batch_inner_view(spec.output_shape, x.dtype, x.device)
+    x_inner = batch_inner_view(x.shape, x.dtype, x.device).copy_(x)
+    res_inner = None if res is None else batch_inner_view(res.shape, x.dtype, x.device).copy_(res)
+    out_inner = batch_inner_view(spec.output_shape, x.dtype, x.device)
     rows = []
 
     def row(backend, config, stats):

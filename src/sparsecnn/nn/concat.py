@@ -12,14 +12,12 @@ from typing import Sequence
 
 import torch
 
-
-def _batch_inner(t: torch.Tensor) -> bool:
-    return t.dim() == 4 and t.permute(1, 2, 3, 0).is_contiguous()
+from ..kernels.batch_inner import is_batch_inner
 
 
 def cat_channels(tensors: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:
     """torch.cat(tensors, dim); batch-innermost when dim is the channels and every input is."""
     if (dim in (1, -3) and len(tensors) > 1 and not torch.compiler.is_compiling()
-            and all(_batch_inner(t) for t in tensors)):
+            and all(is_batch_inner(t) for t in tensors)):
         return torch.cat([t.permute(1, 2, 3, 0) for t in tensors], 0).permute(3, 0, 1, 2)
     return torch.cat(tensors, dim)

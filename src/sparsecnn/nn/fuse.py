@@ -314,8 +314,9 @@ def _swap_concats(gm: fx.GraphModule) -> List[str]:
     """torch.cat along dim 1 -> `cat_channels` (which keeps a batch-innermost layout)."""
     swapped = []
     for node in gm.graph.nodes:
-        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
-        if node.op == "call_function" and node.target is torch.cat and dim in (1, -3) and not node.kwargs.get("out"):
+        if node.op != "call_function" or node.target is not torch.cat or node.kwargs.get("out") is not None:
+            continue
+        if node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0) in (1, -3):
             node.target = cat_channels
             swapped.append(node.name)
     return swapped

@@ -57,11 +57,10 @@ def batch_inner_candidates(model: nn.Module, tuned: Dict[str, SparseConv2d]) -> 
         if batch_node(node) or isinstance(called_module(model, node), nn.AdaptiveAvgPool2d):
             return True
         if node.op == "call_function" and node.target is cat_channels:  # batch-innermost only if every input is
-            inputs = node.args[0]
-            return (all(isinstance(i, torch.fx.Node) and batch_node(i) for i in inputs) and bool(node.users)
-                    and all(takes_batch_inner(user) for user in node.users))
-        keeps_layout = (isinstance(called_module(model, node), MaxPool2d)
-                        or (node.op == "call_function" and node.target is max_pool2d))
+            keeps_layout = all(isinstance(i, torch.fx.Node) and batch_node(i) for i in node.args[0])
+        else:
+            keeps_layout = (isinstance(called_module(model, node), MaxPool2d)
+                            or (node.op == "call_function" and node.target is max_pool2d))
         return keeps_layout and bool(node.users) and all(takes_batch_inner(user) for user in node.users)
 
     return [node.target for node in model.graph.nodes

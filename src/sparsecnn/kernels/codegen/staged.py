@@ -43,6 +43,7 @@ import torch
 
 from ...formats.staged import StagedCSRWeight
 from ...layers import ConvSpec
+from ..batch_inner import batch_inner_view
 from ..configs import (check_kernel_shape, check_residual, check_triton_input, config_from_dict, launch_spec,
                        stride_padding)
 from ..triton.direct_batch import padded_batch_inner
@@ -221,8 +222,7 @@ def weight_arrays(packed: StagedCSRWeight, spec: ConvSpec, config: StagedConfig)
 def new_output(shape: Tuple[int, ...], x: torch.Tensor, config: StagedConfig) -> torch.Tensor:
     """An uninitialised (N, K, P, Q) float32 output in config.out_layout."""
     if config.out_layout == "batch_inner":
-        n, k, p, q = shape
-        return torch.empty(k, p, q, n, dtype=x.dtype, device=x.device).permute(3, 0, 1, 2)
+        return batch_inner_view(shape, x.dtype, x.device)
     return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 

@@ -54,6 +54,7 @@ import triton.language as tl
 
 import torch
 
+from ..batch_inner import is_batch_inner
 from .epilogue import store_epilogue
 from .launch import launch
 from .tiles import channel_pixel_coords, channel_pixel_tile
@@ -139,17 +140,6 @@ def _pack_batch_inner_kernel(x_ptr, xp_ptr, N, H, W, Hp, Wp, pad_h, pad_w, sx_n,
     src = x_ptr + n[None, :].to(tl.int64) * sx_n + c.to(tl.int64) * sx_c + h * sx_h + (w * sx_w)[:, None]
     values = tl.load(src, mask=inside, other=0.0)
     tl.store(xp_ptr + (row.to(tl.int64) * Wp + wp)[:, None] * N + n[None, :], values, mask=in_row)
-
-
-def batch_inner_view(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialised (N, C, H, W) tensor stored as (C, H, W, N): strides (1, H*W*N, W*N, N)."""
-    n, c, h, w = shape
-    return torch.empty(c, h, w, n, dtype=dtype, device=device).permute(3, 0, 1, 2)
-
-
-def is_batch_inner(t: torch.Tensor) -> bool:
-    """Whether the (N, C, H, W) tensor `t` is stored densely as (C, H, W, N)."""
-    return t.permute(1, 2, 3, 0).is_contiguous()
 
 
 def padded_batch_inner(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:

@@ -49,7 +49,8 @@ from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
 from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
                        current_device, launch_spec, pow2_at_least, stride_padding)
-from .direct_batch import batch_inner_view, is_batch_inner, launch_batch, padded_batch_inner
+from ..batch_inner import batch_inner_view, is_batch_inner
+from .direct_batch import launch_batch, padded_batch_inner
 from .epilogue import store_epilogue
 from .launch import launch
 from .tiles import channel_pixel_tile
