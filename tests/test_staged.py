@@ -270,7 +270,8 @@ def test_the_op_passes_opcheck_and_the_backend_fuses_its_epilogue():
 def test_auto_tries_staged_only_on_large_enough_layers():
     backend = get_backend("staged")
     for shape, batch, tried in (((64, 64, 28, 28, 3, 1, 1), 32, True), ((256, 256, 14, 14, 3, 1, 1), 32, False),
-                                ((256, 256, 14, 14, 3, 1, 1), 128, True), ((512, 512, 7, 7, 3, 1, 1), 128, False)):
+                                ((256, 256, 14, 14, 3, 1, 1), 128, True), ((512, 512, 7, 7, 3, 1, 1), 32, False),
+                                ((512, 512, 14, 14, 3, 1, 1), 32, True), ((1024, 256, 14, 14, 1, 1, 0), 32, False)):
         spec = _spec(*shape, n=batch)
         assert bool(backend.auto_configs(spec, torch.float32)) == tried
         assert backend.configs(spec, torch.float32)   # named explicitly, every layer still has candidates

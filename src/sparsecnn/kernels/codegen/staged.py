@@ -55,7 +55,9 @@ MAX_SMEM_BYTES = 227 * 1024   # sm_90: dynamic shared memory per block
 _MAX_ACCUMULATORS = 128       # floats per thread; beyond this the accumulators spill
 _MAX_GRID_Y = 65535
 _SMS = 132              # H100 SXM / H200: sizes the candidates' grids
-_MIN_AUTO_OUTPUTS = 28 * 28 * 32   # output pixels x images below which `auto` does not try staged
+_MIN_AUTO_OUTPUTS = 28 * 28 * 32   # output pixels x images below which `auto` tries staged only on deep layers
+_MIN_DEEP_OUTPUTS = 14 * 14 * 32   # ... and never below this
+_MIN_DEEP_REDUCTION = 4096         # C * R * S of a deep layer
 _WARPS_PER_SM = 16      # what the candidates aim for: two blocks of 8 warps (registers allow that many)
 OUT_LAYOUTS = ("nchw", "batch_inner")
 
@@ -152,12 +154,17 @@ def candidate_configs(spec: ConvSpec) -> List[StagedConfig]:
 
 def auto_configs(spec: ConvSpec) -> List[StagedConfig]:
     """The candidates `backend="auto"` tries: all of `candidate_configs` on layers of at least
-    28 x 28 output pixels x 32 images, none below. On the H100 at N=32 (DLMC ResNet-50 and VGG
-    layers, `benchmarks/results/2026-11-23-h100-s13-staged-b47b328.jsonl`) `staged` beat `direct` on
-    9 of 11 layers with 28x28 to 112x112 outputs, and on 1 of 8 at 14x14 and 7x7 (vgg-512x14-512, by
-    7%; the ResNet-50 ones ran at 0.55-0.91x of direct's speed): too few blocks to fill the GPU there.
-    Each candidate costs a compile and a timed run while tuning."""
-    return candidate_configs(spec) if spec.P * spec.Q * spec.N >= _MIN_AUTO_OUTPUTS else []
+    28 x 28 output pixels x 32 images, and on layers of 14 x 14 x 32 with a reduction C * R * S of
+    at least 4096; none on the others. On the H100 at N=32 (DLMC ResNet-50 and VGG layers,
+    `benchmarks/results/2026-11-23-h100-s13-staged-b47b328.jsonl`) `staged` beat `direct` on 9 of
+    11 layers with 28x28 to 112x112 outputs, and on 1 of 8 at 14x14 and 7x7: too few blocks to fill
+    the GPU there, except where each staged chunk feeds many non-zeros (vgg-512x14-512: 0.38
+    against 0.44 ms; ResNet-50's 14x14 layers, C * R * S <= 2304, ran at 0.53-0.83x of direct's
+    speed, `...-s14-split-probe-edc7a91.jsonl`). Each candidate costs a compile and a timed run
+    while tuning."""
+    outputs = spec.P * spec.Q * spec.N
+    deep = outputs >= _MIN_DEEP_OUTPUTS and spec.C * spec.R * spec.S >= _MIN_DEEP_REDUCTION
+    return candidate_configs(spec) if outputs >= _MIN_AUTO_OUTPUTS or deep else []
 
 
 def _blocks(spec: ConvSpec, tile_h: int, tile_w: int, rows_per_block: int) -> int:
