@@ -1,9 +1,11 @@
 """Run the staged kernel's CUDA C (`kernels/codegen/staged.py`) as C++ on the CPU.
 
 Its copy primitives (cp.async, waits) become plain 16-byte copies or zero fills, each block runs
-alone with its threads as std::threads, __syncthreads is a std::barrier and the dynamic shared
-memory a function static: the index arithmetic (staging windows with padding and strides, chunk
-pointers, per-lane pixel offsets, the epilogue's strides) is the one the GPU runs.
+alone with its threads as std::threads, __syncthreads is a std::barrier, the dynamic shared memory
+a function static, and a warp shuffle an exchange through a block-wide array between two barriers
+(every thread of a block takes the same shuffles): the index arithmetic (staging windows with
+padding and strides, chunk pointers, per-lane pixel offsets, the epilogue's strides and pooling) is
+the one the GPU runs.
 """
 import subprocess
 
@@ -27,6 +29,14 @@ static float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; 
 static thread_local Dim3 threadIdx, blockIdx;
 static std::barrier<>* block_barrier;
 static void __syncthreads() { block_barrier->arrive_and_wait(); }
+static float shuffle_slots[1024];
+static float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+  shuffle_slots[threadIdx.x] = value;
+  __syncthreads();
+  const float other = shuffle_slots[threadIdx.x ^ lane_mask];
+  __syncthreads();
+  return other;
+}
 #define __global__
 #define __device__
 #define __forceinline__
@@ -91,17 +101,17 @@ def cpu_source(gpu_source: str) -> str:
     return _SHIM + body + _MAIN
 
 
-def run_staged_on_cpu(x, packed, spec, config, bias, residual, relu, out_strides, tmp_path) -> np.ndarray:
+def run_staged_on_cpu(x, packed, spec, config, bias, residual, relu, out_strides, tmp_path, pool=0) -> np.ndarray:
     """The kernel's output for x (N, C, H, W) float32 numpy (any N that is a multiple of 32),
-    `packed` (`pack_weight(weight, config)` on the CPU), bias (K,) or None, residual (N, K, P, Q) or None, written
-    at `out_strides` (elements, (N, K, P, Q) order) into a buffer of NaNs: returns that (N, K, P, Q)
-    view as a dense array (NaN where nothing was written)."""
+    `packed` (`pack_weight(weight, config)` on the CPU), bias (K,) or None, residual (N, K, P, Q) or None, pool
+    (`staged.POOL_WINDOWS`), written at `out_strides` (elements, (N, K, P', Q') order, P' x Q' the pooled size)
+    into a buffer of NaNs: returns that (N, K, P', Q') view as a dense array (NaN where nothing was written)."""
     out_vectors = out_strides[0] == 1 and all(s % 4 == 0 for s in out_strides[1:])
     source = staged.kernel_source(spec, config)
     (tmp_path / "run.cpp").write_text(cpu_source(source))
     subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-w", "run.cpp", "-o", "run"],
                    cwd=tmp_path, check=True)
-    n, k, p, q = spec.output_shape
+    n, k, p, q = staged.pooled_shape(spec.output_shape, pool)
     size = 1 + sum((extent - 1) * stride for extent, stride in zip((n, k, p, q), out_strides))
     np.ascontiguousarray(x.transpose(1, 2, 3, 0), dtype=np.float32).tofile(tmp_path / "x.bin")
     packed.entries(*config.halo(spec), staged.LANES_PER_POSITION).numpy().tofile(tmp_path / "nz.bin")
@@ -111,9 +121,10 @@ def run_staged_on_cpu(x, packed, spec, config, bias, residual, relu, out_strides
     res_buffer = np.zeros(size, np.float32)
     if residual is not None:
         np.lib.stride_tricks.as_strided(res_buffer, residual.shape, [4 * s for s in out_strides])[...] = residual
+    staged.check_pool(pool, config, spec, residual is not None)
     res_buffer.tofile(tmp_path / "res.bin")
     assert packed.max_segment <= 4096, "the CPU runner's shared memory holds two segments of 4096 non-zeros"
-    flags = staged.epilogue_flags(relu, bias is not None, residual is not None, out_vectors)
+    flags = staged.epilogue_flags(relu, bias is not None, residual is not None, out_vectors, bool(pool))
     grid, ints = staged.launch_geometry(spec, config, packed.channel.numel(), packed.n_chunks, packed.max_segment,
                                         out_strides, flags)
     subprocess.run(["./run", "x.bin", "nz.bin", "ptr.bin", "channel.bin", "bias.bin", "res.bin", "y.bin", str(size),

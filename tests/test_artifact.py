@@ -147,6 +147,26 @@ def test_load_times_nothing_in_the_same_environment(tmp_path, monkeypatch):
     assert all(isinstance(loaded.get_submodule(n), SparseConv2d) for n in ("conv1", "conv2"))
 
 
+def test_linear_splits_come_back_and_a_missing_or_bad_one_is_a_clear_error(tmp_path, monkeypatch):
+    def split_fc1(model, inputs, timer):  # tuning times nothing on the CPU: decide as a GPU might
+        model.fc1.splits = 4
+        return {"fc1": {"splits": 4, "ms": 0.5, "dense_ms": 1.0}}, model(*inputs)
+
+    monkeypatch.setattr("sparsecnn.nn.sparsify.tune_linears", split_fc1)
+    out, tuned = _compile(tmp_path)
+    manifest = read_manifest(out)
+    assert manifest["linears"] == {"fc1": 4, "fc2": 1} and manifest["fuse"]["swapped_linears"] == ["fc1", "fc2"]
+    loaded = _timed_load(out, timer=ForbiddenTimer())
+    assert (loaded.fc1.splits, loaded.fc2.splits) == (4, 1)
+    assert _equal_outputs(loaded, tuned, LENET_SHAPE)
+    _edit_manifest(out, lambda m: m["linears"].update(fc1=3))
+    with pytest.raises(ArtifactError, match="splits must be a positive int dividing in_features=800, got 3"):
+        load(out)
+    _edit_manifest(out, lambda m: m["linears"].pop("fc1"))
+    with pytest.raises(ArtifactError, match="no decision for linear layer 'fc1'"):
+        load(out)
+
+
 def test_masks_and_decisions_come_back_from_a_pruned_checkpoint(tmp_path):
     model = _pruned()
     masks = {name: module.weight != 0 for name, module in model.named_modules() if name.startswith("conv")}
@@ -228,6 +248,7 @@ def test_a_damaged_weights_file_is_a_clear_error(tmp_path, damage, message):
     (lambda path: path.unlink(), "manifest.json is missing"),
     (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "version": 99})), "version 99"),
     (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "layers": []})), "'layers' must be"),
+    (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "linears": []})), "'linears' must be"),
     (lambda path: path.write_text(json.dumps({**json.loads(path.read_text()),
                                               "files": {"../outside": {"sha256": "0", "bytes": 1}},
                                               "weights": "../outside"})), "points outside the artefact"),

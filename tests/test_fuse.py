@@ -8,7 +8,7 @@ from torch.nn.utils import prune as torch_prune
 
 from sparsecnn.kernels.reference import relative_error
 from sparsecnn.models import build_model
-from sparsecnn.nn import SparseConv2d, prepare_for_inference
+from sparsecnn.nn import SparseConv2d, SplitKLinear, prepare_for_inference
 from sparsecnn.nn.fuse import fold_batchnorm
 
 
@@ -144,6 +144,8 @@ def test_prepared_model_equals_the_eval_model(name, shape, counts):
     convs = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
     assert all(isinstance(gm.get_submodule(n), SparseConv2d) for n in convs)
     assert all(torch.equal(gm.get_submodule(n).mask, model.get_submodule(n).weight != 0) for n in convs)
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert report.swapped_linears == linears and all(type(gm.get_submodule(n)) is SplitKLinear for n in linears)
 
 
 def test_resnet18_cifar_keeps_no_batchnorm_or_relu_module():

@@ -147,12 +147,23 @@ def test_prepare_for_inference_swaps_pools_without_indices():
     x = activation((2, 3, 17, 15))
     gm = prepare_for_inference(model)
     assert gm.fuse_report.swapped_pools == ["pool", "max_pool2d"]
-    assert type(gm.pool) is MaxPool2d and type(gm.indexed) is nn.MaxPool2d
+    assert gm.fuse_report.fused_pools == ["conv"]   # the first pool is the conv's only use; a conv ends in one pool
+    assert gm.conv.pool == PoolArgs.of(3, 2, ceil_mode=True) and type(gm.indexed) is nn.MaxPool2d
     assert [node.target for node in gm.graph.nodes if node.op == "call_function"].count(max_pool2d) == 1
     with torch.no_grad():
         assert torch.equal(gm(x), model(x))
     with pytest.raises(ValueError, match="return_indices"):
         MaxPool2d.from_module(model.indexed)
+
+
+def test_a_layers_pool_survives_its_state_dict_and_shows_in_its_repr():
+    gm = prepare_for_inference(Pools().eval())
+    copy = prepare_for_inference(Pools().eval())
+    copy.conv.pool = None
+    copy.load_state_dict(gm.state_dict())
+    assert copy.conv.pool == gm.conv.pool and "max_pool(kernel_size=(3, 3), stride=(2, 2))" in repr(copy.conv)
+    with pytest.raises(ValueError, match="residual"):
+        gm.conv(activation((2, 3, 17, 15)), torch.zeros(2, 4, 15, 13))
 
 
 def test_functional_pool_falls_back_off_cuda():

@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from codegen_helpers import needs_gxx, needs_tools
 from conftest import needs_cuda
@@ -147,20 +148,22 @@ def test_entries_refuse_a_halo_smaller_than_the_kernel():
 # --- the CUDA C on the CPU, and its compile ------------------------------------------------------
 
 
-def _cpu_case(shape, config, relu, with_bias, with_residual, batch_inner, tmp_path):
+def _cpu_case(shape, config, relu, with_bias, with_residual, batch_inner, tmp_path, pool=0):
     spec = _spec(*shape)
     generator = torch.Generator().manual_seed(1)
     weight = _weight(spec)
     x = torch.randn(spec.input_shape, generator=generator)
     bias = torch.randn(spec.K, generator=generator) if with_bias else None
     residual = torch.randn(spec.output_shape, generator=generator) if with_residual else None
-    n, k, p, q = spec.output_shape
+    n, k, p, q = staged.pooled_shape(spec.output_shape, pool)
     strides = (1, p * q * n, q * n, n) if batch_inner else (k * p * q, p * q, q, 1)
     packed = staged.pack_weight(weight, config)
     y = run_staged_on_cpu(x.numpy(), packed, spec, config, None if bias is None else bias.numpy(),
-                          None if residual is None else residual.numpy(), relu, strides, tmp_path)
+                          None if residual is None else residual.numpy(), relu, strides, tmp_path, pool)
     assert not np.isnan(y).any(), "outputs left unwritten"
     ref = _reference(x, weight, bias, residual, relu, spec)
+    if pool:
+        ref = F.max_pool2d(ref, pool)
     assert relative_error(torch.from_numpy(y), ref) < 1e-6
 
 
@@ -174,6 +177,27 @@ def test_kernel_source_computes_the_convolution_on_the_cpu(shape, tmp_path):
     for relu, with_bias, with_residual, batch_inner in ((True, True, True, True), (False, False, False, False),
                                                         (True, True, False, False)):
         _cpu_case(shape, config, relu, with_bias, with_residual, batch_inner, tmp_path)
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape", [(3, 33, 13, 13, 3, 1, 1), (6, 8, 13, 11, 3, 2, 0), (5, 9, 8, 8, 1, 1, 0)])
+@pytest.mark.parametrize("tile", [(2, 4), (4, 4), (2, 8)])
+def test_fused_pool_matches_max_pool_of_the_convolution_on_the_cpu(shape, tile, tmp_path):
+    """The 2x2 stride-2 pool in the epilogue: odd output sizes (floor mode), strides, 1x1, tiles
+    with one and two pixel columns per lane group, both layouts, with and without bias and ReLU."""
+    config = staged.StagedConfig(tile_h=tile[0], tile_w=tile[1], chunk_c=2, rows_per_warp=3, warps=2)
+    for relu, with_bias, batch_inner in ((True, True, True), (False, False, False)):
+        _cpu_case(shape, config, relu, with_bias, False, batch_inner, tmp_path, pool=2)
+
+
+def test_fused_pool_is_refused_where_the_kernel_cannot_pool():
+    spec = _spec(8, 8, 9, 9, 3, 1, 1)
+    with pytest.raises(ValueError, match="tile_h"):
+        staged.check_pool(2, staged.StagedConfig(tile_h=1, tile_w=4), spec, False)
+    with pytest.raises(ValueError, match="residual"):
+        staged.check_pool(2, staged.StagedConfig(), spec, True)
+    with pytest.raises(ValueError, match="pool must be"):
+        staged.check_pool(3, staged.StagedConfig(), spec, False)
 
 
 @needs_gxx
@@ -265,6 +289,33 @@ def test_the_op_passes_opcheck_and_the_backend_fuses_its_epilogue():
         torch.library.opcheck(call.fn, (x, *call.tensors, bias, residual, *call.static, True))
         ref = _reference(x.cpu(), weight.cpu(), bias.cpu(), residual.cpu(), True, spec)
         assert relative_error(call(x, bias, residual, True).cpu(), ref) < 1e-6
+
+
+@gpu
+@needs_cuda
+def test_fused_pool_on_the_gpu_for_every_config_and_through_the_op():
+    """Every candidate with a 2x2 pool fused (both layouts, odd output size: floor mode), the op's
+    opcheck with the pool, and a SparseConv2d on staged ending in that pool binding the fused kernel."""
+    from sparsecnn.kernels.pool import PoolArgs
+    from sparsecnn.nn import SparseConv2d
+
+    spec = _spec(24, 40, 27, 27, 3, 1, 1)
+    backend = get_backend("staged")
+    weight = _weight(spec, 0.9).cuda()
+    x, bias = torch.randn(spec.input_shape, device="cuda"), torch.randn(spec.K, device="cuda")
+    ref = F.max_pool2d(_reference(x.cpu(), weight.cpu(), bias.cpu(), None, True, spec), 2)
+    for config in backend.configs(spec, torch.float32):
+        packed = backend.prepare(weight, config)
+        for out_layout in staged.OUT_LAYOUTS:
+            config = dataclasses.replace(config, out_layout=out_layout)
+            torch.empty(4 * spec.N * spec.K * spec.P * spec.Q, device="cuda").fill_(float("nan"))
+            call = backend.bind_pooled(packed, spec, config, torch.float32, True, PoolArgs.of(2))
+            assert relative_error(call(x, bias, None, True).cpu(), ref) < 1e-6, config
+    torch.library.opcheck(call.fn, (x, *call.tensors, bias, None, *call.static, True))
+    assert backend.bind_pooled(packed, spec, config, torch.float32, True, PoolArgs.of(3, 2)) is None
+    layer = SparseConv2d(weight, bias, backend="staged", config=config, stride=1, padding=1, activation="relu")
+    layer.pool = PoolArgs.of(2)
+    assert relative_error(layer(x).cpu(), ref) < 1e-6 and layer._binding.pooled
 
 
 def test_auto_tries_staged_only_on_large_enough_layers():

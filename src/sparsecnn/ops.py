@@ -16,10 +16,11 @@ entry below says otherwise.
                   ell_values, bias?, residual?, kernel_shape, padded_hw, stride, padding, config, relu)
         the blocks kernel (kernels/triton/blocks_conv.py), same epilogue; `blocks_conv.weight_arrays`.
     staged_conv2d(x, entries, chunk_ptr, channel, bias?, residual?, kernel_shape, max_segment, stride,
-                  padding, config, relu)
+                  padding, config, pool, relu)
         the staged-input kernel (kernels/codegen/staged.py: CUDA C compiled per geometry and config,
         fp32, N a multiple of 32), same epilogue; `staged.weight_arrays`. Its output is
-        batch-innermost when the config's out_layout says so.
+        batch-innermost when the config's out_layout says so; pool 2: a 2x2 stride-2 max pool of
+        act(conv + bias) in the epilogue, output (N, K, P // 2, Q // 2) (no residual).
     codegen_conv2d(x, bias?, handle)
         a compiled codegen kernel set (kernels/codegen: cubins launched through cuda-python),
         conv + bias only. A compiled kernel is not a tensor, so it lives in a process-local
@@ -180,13 +181,14 @@ def _staged_config(text: str):
 
 def staged_conv2d_eager(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tensor, channel: torch.Tensor,
                         bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], kernel_shape: List[int],
-                        max_segment: int, stride: List[int], padding: List[int], config: str,
+                        max_segment: int, stride: List[int], padding: List[int], config: str, pool: int,
                         relu: bool) -> torch.Tensor:
-    """act(staged sparse conv(x) + bias + residual) -> (N, K, P, Q); see the module docstring."""
+    """act(staged sparse conv(x) + bias + residual) -> (N, K, P, Q), pooled with pool 2; see the module
+    docstring."""
     from .kernels.codegen.staged import staged_conv2d_arrays
 
     return staged_conv2d_arrays(x, entries, chunk_ptr, channel, tuple(kernel_shape), max_segment, bias, residual,
-                                tuple(stride), tuple(padding), _staged_config(config), relu)
+                                tuple(stride), tuple(padding), _staged_config(config), relu, pool=pool)
 
 
 staged_conv2d = custom_op("sparsecnn::staged_conv2d", staged_conv2d_eager, mutates_args=())
@@ -194,11 +196,11 @@ staged_conv2d = custom_op("sparsecnn::staged_conv2d", staged_conv2d_eager, mutat
 
 @register_fake("sparsecnn::staged_conv2d")
 def _staged_conv2d_fake(x, entries, chunk_ptr, channel, bias, residual, kernel_shape, max_segment, stride, padding,
-                        config, relu):
-    from .kernels.codegen.staged import new_output
+                        config, pool, relu):
+    from .kernels.codegen.staged import new_output, pooled_shape
 
     contiguous = _fake_output(x, residual, kernel_shape, stride, padding)
-    return new_output(contiguous.shape, x, _staged_config(config))
+    return new_output(pooled_shape(contiguous.shape, pool), x, _staged_config(config))
 
 
 # --- codegen ------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Layer decisions in the manifest ("layers", in call order, then the layers the ex
 reached): {"backend", "config" (dict or null), "activation", "spec" (the ConvSpec tuned for, null
 when unreached), "choice", "time_ms", "dense_ms", "times_ms" (median ms per candidate benchmarked;
 null where not measured), "packed" (the packed weight's tree, see `packing`, or null),
-"packed_note" (why not stored: rebuilt on load)}.
+"packed_note" (why not stored: rebuilt on load)}. Linear decisions ("linears"): {module path of each
+`SplitKLinear`: splits}.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .. import __version__
 from ..autotune import LayerResult, Timer, environment_fingerprint
 from ..backends import config_to_dict
 from ..models import build_model
-from ..nn import SparseConv2d, autotune_model, prepare_for_inference
+from ..nn import SparseConv2d, SplitKLinear, autotune_model, prepare_for_inference
 from ..prune import load_pruned
 from .codegen_files import CODEGEN_DIR, current_toolchain, record_codegen
 from .errors import ArtifactError
@@ -125,15 +126,17 @@ def _layer_entry(name: str, layer: SparseConv2d, result: Optional[LayerResult], 
 
 
 def _state_tensors(gm: fx.GraphModule) -> Dict[str, torch.Tensor]:
-    """The state dict's tensors; its only other entries may be SparseConv2d extra states (decisions)."""
-    sparse = {f"{name}._extra_state" for name, module in gm.named_modules() if isinstance(module, SparseConv2d)}
+    """The state dict's tensors; its only other entries may be SparseConv2d and SplitKLinear extra states
+    (decisions, stored in the manifest)."""
+    decisions = {f"{name}._extra_state" for name, module in gm.named_modules()
+                 if isinstance(module, (SparseConv2d, SplitKLinear))}
     tensors = {}
     for key, value in gm.state_dict().items():
         if isinstance(value, torch.Tensor):
             tensors[key] = value
-        elif key not in sparse:
+        elif key not in decisions:
             raise ArtifactError(f"state dict entry {key!r} is a {type(value).__name__}: only tensors and "
-                                "SparseConv2d decisions can be stored")
+                                "SparseConv2d / SplitKLinear decisions can be stored")
     return tensors
 
 
@@ -148,12 +151,13 @@ def _write(gm: fx.GraphModule, directory: Path, header: dict, device: torch.devi
     weights = WEIGHTS_FORMATS[weights_format]
     write_tensors(directory / weights, tensors)
     codegen = any(layer.backend == "codegen" for layer in layers.values())
+    linears = {name: module.splits for name, module in gm.named_modules() if isinstance(module, SplitKLinear)}
     write_manifest(directory, {
         **header, "environment": environment_fingerprint(device),
         "codegen_toolchain": current_toolchain() if codegen else None,
         "fuse": dataclasses.asdict(gm.fuse_report),
         "tuning": {"max_rel_error": _finite(report.max_rel_error), "unreached": list(report.unreached)},
-        "layers": entries, "weights": weights, "files": list_files(directory)})
+        "layers": entries, "linears": linears, "weights": weights, "files": list_files(directory)})
 
 
 def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence[int] = (), dtype: str = "fp32",

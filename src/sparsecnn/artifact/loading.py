@@ -19,7 +19,7 @@ from ..autotune import LayerResult, PhaseClock, Timer, TuneReport, environment_f
 from ..autotune.fingerprint import describe_difference
 from ..layers import ConvSpec
 from ..models import build_skeleton
-from ..nn import SparseConv2d, autotune_model, prepare_for_inference
+from ..nn import SparseConv2d, SplitKLinear, autotune_model, prepare_for_inference
 from .codegen_files import current_toolchain, install_codegen
 from .compiling import PACKED_PREFIX
 from .errors import ArtifactError
@@ -58,14 +58,19 @@ def _skeleton(manifest: dict, path: Path) -> fx.GraphModule:
 
 
 def _load_state(gm: fx.GraphModule, manifest: dict, tensors: Dict[str, torch.Tensor], path: Path) -> None:
-    """Weights, masks, biases and the other parameters from `tensors`; each layer's backend, config
-    and activation from the manifest."""
+    """Weights, masks, biases and the other parameters from `tensors`; each conv's backend, config
+    and activation and each linear's splits from the manifest."""
     state = {key: value for key, value in tensors.items() if not key.startswith(PACKED_PREFIX)}
     for name in _sparse_layers(gm):
         entry = manifest["layers"].get(name)
         if not isinstance(entry, dict):
             raise ArtifactError(f"{path}: no decision for conv layer {name!r}")
         state[f"{name}._extra_state"] = {key: entry.get(key) for key in ("backend", "config", "activation")}
+    for name, module in gm.named_modules():
+        if isinstance(module, SplitKLinear):
+            if name not in manifest["linears"]:
+                raise ArtifactError(f"{path}: no decision for linear layer {name!r}")
+            state[f"{name}._extra_state"] = {"splits": manifest["linears"][name]}
     try:
         gm.load_state_dict(state, strict=True, assign=True)
     except (RuntimeError, ValueError, TypeError, KeyError) as error:

@@ -7,7 +7,8 @@ artefacts: "graph"), "backends" (the tuning candidates asked for, null for the d
 "device" ("cuda" or "cpu": where it was tuned), "environment" (the autotuner's fingerprint of that
 device), "codegen_toolchain" (nvcc/ptxas versions and flags when a layer runs `codegen`, else
 null), "fuse" (the `FuseReport` of `prepare_for_inference`), "tuning" {"max_rel_error",
-"unreached"}, "layers" {conv path: decision, see `compile`}, "weights" (the tensor file's name) and
+"unreached"}, "layers" {conv path: decision, see `compile`}, "linears" {linear path: splits} (version 2
+on), "weights" (the tensor file's name) and
 "files" {relative path: {"sha256", "bytes"}} for every other file of the artefact.
 """
 from __future__ import annotations
@@ -26,10 +27,10 @@ from .errors import ArtifactError
 from .tensors import file_record
 
 FORMAT = "sparsecnn-artifact"
-VERSION = 1
+VERSION = 2  # 2: "linears" (SplitKLinear splits); the fuse report lists swapped linears
 MANIFEST = "manifest.json"
 _FIELDS = {"format": str, "version": int, "model": dict, "policy": str, "device": str, "environment": dict,
-           "fuse": dict, "tuning": dict, "layers": dict, "weights": str, "files": dict}
+           "fuse": dict, "tuning": dict, "layers": dict, "linears": dict, "weights": str, "files": dict}
 
 
 def write_manifest(directory: Path, manifest: Dict[str, Any]) -> None:

@@ -98,7 +98,9 @@ class TuneReport:
     processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict), and the `direct` "batch"
     layers that write batch-innermost outputs (`nn.layout`) with the whole-model times that decided
     it (`layout_ms`: "nchw", "batch_inner"), and the run mode the times stand for ("graph": GPU
-    time, as CUDA graphs and torch.compile run it; "eager": eager wall time). The layer results are
+    time, as CUDA graphs and torch.compile run it; "eager": eager wall time), and the split of each
+    `nn.SplitKLinear` that was timed (`linears`: module path -> {"splits", "ms", "dense_ms"}, ms of
+    the choice and of F.linear; `nn.linear.tune_linears`). The layer results are
     the per-layer decisions; when the check kept dense, the layers run `model_check.dense_backend`
     instead, but for its `switched` layers (and when it kept the tuned ones, the `switched` layers
     run dense)."""
@@ -114,6 +116,7 @@ class TuneReport:
     batch_inner_outputs: List[str] = dataclasses.field(default_factory=list)
     layout_ms: Dict[str, float] = dataclasses.field(default_factory=dict)
     run_mode: str = "graph"
+    linears: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def total_ms(self) -> float:
@@ -138,6 +141,10 @@ class TuneReport:
         speedup = self.dense_total_ms / self.total_ms if self.total_ms > 0 else float("nan")
         lines.append(f"\nconvolutions ({self.policy}, {self.run_mode} times): {self.total_ms:.4f} ms tuned, "
                      f"{self.dense_total_ms:.4f} ms dense, {speedup:.2f}x")
+        if self.linears:
+            lines.append("linears (split-K GEMMs, speedup over F.linear): " + ", ".join(
+                f"{name} splits={entry['splits']} {entry['dense_ms'] / entry['ms']:.2f}x"
+                for name, entry in self.linears.items()))
         if self.max_rel_error is not None:
             lines.append(f"max relative error of the outputs vs the original model: {self.max_rel_error:.2e}")
         if self.model_check is not None:

@@ -93,6 +93,9 @@ class Backend:
     pending(spec, weight, dtype, has_bias, config, relu_only=False), optional: whether preparing
     and binding `config` now would wait for prefetched work still running; the tuner then times
     that candidate after the model's other layers.
+    bind_pooled(packed, spec, config, dtype, has_bias, pool), optional: a `bind` whose kernel also
+    applies the max pool `pool` (a `kernels.pool.PoolArgs`) to act(conv + bias), returning the
+    pooled output (no residual), or None where it cannot; without it the layer pools after the call.
     """
 
     name: str
@@ -108,6 +111,7 @@ class Backend:
     prefetch: Optional[Callable[..., None]] = None
     bind_relu: Optional[BindFn] = None
     pending: Optional[Callable[..., bool]] = None
+    bind_pooled: Optional[Callable[..., Optional[KernelCall]]] = None
 
     def bind_for(self, packed: Any, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
                  relu_only: bool = False) -> KernelCall:

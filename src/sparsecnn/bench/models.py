@@ -125,8 +125,9 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     "model_check": the whole-model check against dense (`autotune.ModelCheck` as a dict, or null),
     "tune_phases_s": where the tuning time went (`TuneReport.phase_s`, rounded; {} when not tuned),
     "tune_workers": the worker jobs' times (`TuneReport.worker_jobs`), "layout_ms": the whole-model
-    times with NCHW and batch-innermost outputs between "batch" layers (`TuneReport.layout_ms`);
-    `_variant` adds "backends", the sparse backends tuning was limited to (null: all)}."""
+    times with NCHW and batch-innermost outputs between "batch" layers (`TuneReport.layout_ms`),
+    "linears": the split-K choice of each timed linear (`TuneReport.linears`: path -> {"splits", "ms",
+    "dense_ms"}); `_variant` adds "backends", the sparse backends tuning was limited to (null: all)}."""
     report = getattr(model, "sparsecnn_report", None)
     timed = {} if report is None else {layer.name: layer for layer in report.layers}
     layers = {}
@@ -140,8 +141,9 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     phases = {} if report is None else {name: round(value, 2) for name, value in report.phase_s.items()}
     workers = {} if report is None else report.worker_jobs
     layout_ms = {} if report is None else report.layout_ms
+    linears = {} if report is None else report.linears
     return {"layers": layers, "tune_s": round(tune_s, 3), "model_check": check, "tune_phases_s": phases,
-            "tune_workers": workers, "layout_ms": layout_ms,
+            "tune_workers": workers, "layout_ms": layout_ms, "linears": linears,
             "conv_ms": sum(layer.time_ms for layer in timed.values()) if timed else None,
             "dense_conv_ms": sum(layer.dense_ms for layer in timed.values()) if timed else None}
 

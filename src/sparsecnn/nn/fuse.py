@@ -4,8 +4,9 @@
 swaps every conv for a `SparseConv2d` (backend "dense") and fuses the ReLU and residual add that
 follow it into the layer's epilogue (`activation="relu"`, `forward(x, residual=...)`), so a sparse
 backend can apply them while its output tile is still in registers, and swaps max pools for
-`pool.MaxPool2d` / `pool.max_pool2d` (no argmax; the input's layout kept) and channel
-concatenations for `concat.cat_channels` (a batch-innermost layout kept).
+`pool.MaxPool2d` / `pool.max_pool2d` (no argmax; the input's layout kept), channel
+concatenations for `concat.cat_channels` (a batch-innermost layout kept) and linears for
+`linear.SplitKLinear` (split-K GEMMs where `autotune_model` finds them faster).
 """
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from ..kernels.pool import PoolArgs
 from ..prune import absorb_torch_prune_
 from .concat import cat_channels
+from .linear import SplitKLinear
 from .pool import MaxPool2d, max_pool2d
 from .sparse_conv import SparseConv2d
 
@@ -43,18 +46,21 @@ class FuseReport:
     fused_adds: List[str] = field(default_factory=list)  # convs that now take the residual add
     swapped_pools: List[str] = field(default_factory=list)  # MaxPool2d paths and F.max_pool2d node names
     swapped_concats: List[str] = field(default_factory=list)  # torch.cat node names (dim 1)
+    swapped_linears: List[str] = field(default_factory=list)  # nn.Linear paths, now SplitKLinear
+    fused_pools: List[str] = field(default_factory=list)  # convs that now end in their max pool
 
     def summary(self) -> str:
         return (f"{len(self.folded_batchnorms)} BatchNorms folded, {len(self.fused_relus)} ReLUs and "
-                f"{len(self.fused_adds)} residual adds fused, {len(self.swapped_pools)} max pools and "
-                f"{len(self.swapped_concats)} concatenations swapped")
+                f"{len(self.fused_adds)} residual adds fused, {len(self.swapped_pools)} max pools, "
+                f"{len(self.swapped_linears)} linears and {len(self.swapped_concats)} concatenations swapped, "
+                f"{len(self.fused_pools)} max pools moved into their convs")
 
 
 class _Tracer(fx.Tracer):
-    """Keeps `SparseConv2d` a leaf, so models that already hold some trace too."""
+    """Keeps `SparseConv2d` and `SplitKLinear` leaves, so models that already hold some trace too."""
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
-        return isinstance(module, SparseConv2d) or super().is_leaf_module(module, qualified_name)
+        return isinstance(module, (SparseConv2d, SplitKLinear)) or super().is_leaf_module(module, qualified_name)
 
 
 def _inference_copy(model: nn.Module) -> tuple[nn.Module, Masks]:
@@ -310,6 +316,35 @@ def _swap_max_pools(gm: fx.GraphModule) -> List[str]:
     return swapped
 
 
+def _pool_args(gm: fx.GraphModule, node: fx.Node) -> PoolArgs:
+    """The arguments of a swapped max pool call (`MaxPool2d` module or `max_pool2d` function)."""
+    module = called_module(gm, node)
+    if module is not None:
+        return module.args
+    return PoolArgs.of(*node.args[1:6], **{key: value for key, value in node.kwargs.items()
+                                           if key != "return_indices"})
+
+
+def _fuse_pools(gm: fx.GraphModule) -> List[str]:
+    """conv -> our max pool becomes the conv with `pool` set (a backend may pool in its epilogue,
+    the others pool after their kernel): 2-D convs without a residual whose output only the pool uses."""
+    calls, fused = _module_calls(gm), []
+    for node in list(gm.graph.nodes):
+        pool = called_module(gm, node)
+        if not (isinstance(pool, MaxPool2d) or (node.op == "call_function" and node.target is max_pool2d)):
+            continue
+        conv = node.args[0]
+        layer = called_module(gm, conv)
+        if not (isinstance(layer, SparseConv2d) and calls[conv.target] == 1 and len(conv.users) == 1
+                and len(conv.args) == 1 and not conv.kwargs and layer.conv_dims == 2 and layer.pool is None):
+            continue
+        layer.pool = _pool_args(gm, node)
+        node.replace_all_uses_with(conv)
+        gm.graph.erase_node(node)
+        fused.append(conv.target)
+    return fused
+
+
 def _swap_concats(gm: fx.GraphModule) -> List[str]:
     """torch.cat along dim 1 -> `cat_channels` (which keeps a batch-innermost layout)."""
     swapped = []
@@ -322,6 +357,21 @@ def _swap_concats(gm: fx.GraphModule) -> List[str]:
     return swapped
 
 
+def _swap_linears(gm: fx.GraphModule) -> List[str]:
+    """Every called nn.Linear -> `SplitKLinear.from_module` (splits 1, same Parameters). A subclass
+    overriding forward is left alone: it computes something else (torch.ao.nn.qat.Linear fake-quantises
+    its weight first)."""
+    swapped = []
+    for target in dict.fromkeys(node.target for node in gm.graph.nodes if node.op == "call_module"):
+        linear = gm.get_submodule(target)
+        if (isinstance(linear, nn.Linear) and not isinstance(linear, SplitKLinear)
+                and type(linear).forward is nn.Linear.forward):
+            parent, _, child = target.rpartition(".")
+            setattr(gm.get_submodule(parent), child, SplitKLinear.from_module(linear))
+            swapped.append(target)
+    return swapped
+
+
 def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
                           example_inputs: Optional[Sequence[torch.Tensor]] = None) -> fx.GraphModule:
     """`model` traced by torch.fx for inference: BatchNorms folded (`fold_batchnorm`), every called
@@ -329,8 +379,11 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
     and residual add after each conv fused into it (act(conv(x) + bias + residual); a ReLU after a max pool
     of the conv's output too, as the two commute), every max pool
     without indices swapped for `pool.MaxPool2d` / `pool.max_pool2d` (same values; on CUDA no argmax
-    is written and the input's memory layout is kept), and every torch.cat along the channels for
-    `concat.cat_channels` (same values; batch-innermost inputs give a batch-innermost output).
+    is written and the input's memory layout is kept) and, where it is the only use of a 2-D conv
+    without a residual, moved into that conv (`SparseConv2d.pool`), and every torch.cat along the channels for
+    `concat.cat_channels` (same values; batch-innermost inputs give a batch-innermost output). Every
+    nn.Linear called as a module becomes a `linear.SplitKLinear` sharing its parameters (splits 1, i.e.
+    F.linear, until `autotune_model` times split-K GEMMs for it).
 
     masks: {conv path in `model`: bool mask of the weight's shape}; a conv without one uses its
     `torch.nn.utils.prune` mask, else its weight's non-zeros. Entries for other modules (e.g. a Linear
@@ -355,7 +408,9 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
     report.fused_adds = _fuse_adds(gm)
     report.fused_relus = _fuse_relus(gm)
     report.swapped_pools = _swap_max_pools(gm)
+    report.fused_pools = _fuse_pools(gm)
     report.swapped_concats = _swap_concats(gm)
+    report.swapped_linears = _swap_linears(gm)
     return _finish(gm, report)
 
 

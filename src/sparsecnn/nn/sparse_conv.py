@@ -13,7 +13,9 @@ from torch import nn
 from ..backends import config_to_dict, get_backend
 from ..backends.registry import KernelCall, apply_epilogue_
 from ..kernels.configs import check_residual
+from ..kernels.pool import PoolArgs
 from ..layers import ConvSpec
+from .pool import max_pool2d
 
 ACTIVATIONS = ("none", "relu")
 STATIC_INPUT_TYPE = "unguarded"  # what torch._dynamo.mark_static_address(t) sets as t._dynamo_static_input_type
@@ -32,8 +34,10 @@ class SparseConv2d(nn.Module):
     mask: bool of the same shape (the positions allowed to be non-zero). Input (N, C, H, W) or
     (N, C, L); output (N, K, P, Q) or (N, K, L_out), in the input's dtype:
     act(conv(x) + bias + residual), act = ReLU for activation="relu", fused into the kernel's
-    epilogue where the backend can. Cases the backend does not support run densely (F.conv2d);
-    `extra_repr` says so.
+    epilogue where the backend can; then, when `pool` (a `kernels.pool.PoolArgs`, 2-D layers
+    without a residual; set by `prepare_for_inference`) is set, the max pool of that, fused into
+    the kernel where the backend can (`Backend.bind_pooled`), else run after it (`nn.pool`).
+    Cases the backend does not support run densely (F.conv2d); `extra_repr` says so.
 
     Each input signature (shape, dtype, device, and whether a residual is passed) is planned,
     packed and bound once, eagerly (`prepare`, or the first forward); after that forward is pure
@@ -70,6 +74,7 @@ class SparseConv2d(nn.Module):
         self.timings: Optional[dict] = None
         self.activation = activation
         self.takes_residual = False
+        self.pool: Optional[PoolArgs] = None
         self._set_backend(backend, config)
 
     def _set_backend(self, backend: str, config: Any) -> None:
@@ -191,7 +196,7 @@ class SparseConv2d(nn.Module):
         return self.activation == "relu" and not has_residual
 
     def _binding_key(self, x: torch.Tensor, has_residual: bool) -> Tuple:
-        return self.backend, tuple(x.shape), x.dtype, x.device, self._relu_only(has_residual)
+        return self.backend, tuple(x.shape), x.dtype, x.device, self.pool, self._relu_only(has_residual)
 
     def _bind(self, x: torch.Tensor, has_residual: bool) -> "_Binding":
         """The binding for inputs like `x` (eager only): reused while the input's shape, dtype and
@@ -212,13 +217,17 @@ class SparseConv2d(nn.Module):
         packed = self._packed_weight(get_backend(self.backend)) if runs_backend else None
         if old is not None and old.key == key and old.packed is packed:
             return old
-        call = None
+        call, pooled = None, False
         if runs_backend:
-            call = get_backend(self.backend).bind_for(packed, spec, self.config, x.dtype, self.bias is not None,
-                                                      relu_only=key[-1])
+            backend = get_backend(self.backend)
+            if self.pool is not None and backend.bind_pooled is not None and not has_residual:
+                call = backend.bind_pooled(packed, spec, self.config, x.dtype, self.bias is not None, self.pool)
+                pooled = call is not None
+            if call is None:
+                call = backend.bind_for(packed, spec, self.config, x.dtype, self.bias is not None, relu_only=key[-1])
             _mark_static(call.tensors)
         output_shape = spec.output_shape if self.conv_dims == 2 else (spec.N, spec.K, spec.Q)
-        self._binding = _Binding(key, spec, reason, packed, call, output_shape)
+        self._binding = _Binding(key, spec, reason, packed, call, output_shape, pooled)
         return self._binding
 
     def _current_binding(self, x: torch.Tensor, has_residual: bool) -> "_Binding":
@@ -250,10 +259,13 @@ class SparseConv2d(nn.Module):
         """act(conv(x) + bias + residual): x (N, C, H, W) or (N, C, L); residual None or a tensor of
         the output's shape, dtype and device; act per `activation`."""
         self._check_input(x)
+        if residual is not None and self.pool is not None:
+            raise ValueError("this layer ends in a max pool: it takes no residual")
         binding = self._current_binding(x, residual is not None)
         check_residual(residual, binding.output_shape, x)
         if binding.spec.N == 0:
-            return x.new_empty(binding.output_shape)
+            shape = binding.output_shape
+            return x.new_empty(shape if self.pool is None else (*shape[:2], *self.pool.output_hw(*shape[2:])))
         relu = self.activation == "relu"
         if self.conv_dims == 1:
             x = x.unsqueeze(2)
@@ -262,6 +274,9 @@ class SparseConv2d(nn.Module):
             y = self._dense(x, residual, relu)
         else:
             y = binding.call(x, self.bias, residual, relu)
+        if self.pool is not None and not binding.pooled:
+            y = max_pool2d(y, self.pool.kernel_size, self.pool.stride, self.pool.padding, self.pool.dilation,
+                           self.pool.ceil_mode)
         return y.squeeze(2) if self.conv_dims == 1 else y
 
     def _dense(self, x: torch.Tensor, residual: Optional[torch.Tensor], relu: bool) -> torch.Tensor:
@@ -271,7 +286,8 @@ class SparseConv2d(nn.Module):
 
     def get_extra_state(self) -> dict:
         return {"backend": self.backend, "config": config_to_dict(self.config), "activation": self.activation,
-                "takes_residual": self.takes_residual}
+                "takes_residual": self.takes_residual,
+                "pool": None if self.pool is None else dataclasses.asdict(self.pool)}
 
     def set_extra_state(self, state: dict) -> None:
         backend = get_backend(state["backend"])
@@ -279,6 +295,8 @@ class SparseConv2d(nn.Module):
         self._set_backend(backend.name, config)
         self.activation = state.get("activation", "none")
         self.takes_residual = bool(state.get("takes_residual", self.takes_residual))
+        if "pool" in state:
+            self.pool = None if state["pool"] is None else PoolArgs.of(**state["pool"])
 
     def extra_repr(self) -> str:
         kernel = tuple(self.weight.shape[2:])
@@ -289,6 +307,8 @@ class SparseConv2d(nn.Module):
         text += f", activation={self.activation}" + (", takes_residual=True" if self.takes_residual else "")
         if self.groups != 1 or self.dilation != (1, 1):
             text += f", groups={self.groups}, dilation={self.dilation}"
+        if self.pool is not None:
+            text += f", max_pool(kernel_size={self.pool.kernel_size}, stride={self.pool.stride})"
         if self.fallback_reason is not None:
             text += f", fallback=dense ({self.fallback_reason})"
         return text
@@ -298,10 +318,10 @@ class SparseConv2d(nn.Module):
 class _Binding:
     """What forward needs for one input signature.
 
-    key: (backend, input shape, dtype, device, relu_only); spec: the 2-D layer; reason: why the
-    backend cannot
-    run it (None: it can); packed: the packed weight bound; call: the bound `KernelCall` (None
-    for the dense fallback and empty batches); output_shape: forward's (N, K, P, Q) or (N, K, L_out).
+    key: (backend, input shape, dtype, device, pool, relu_only); spec: the 2-D layer; reason: why
+    the backend cannot run it (None: it can); packed: the packed weight bound; call: the bound
+    `KernelCall` (None for the dense fallback and empty batches); output_shape: the conv's
+    (N, K, P, Q) or (N, K, L_out), before any pool; pooled: whether `call` applies the layer's pool.
     """
 
     key: Tuple
@@ -310,6 +330,7 @@ class _Binding:
     packed: Any
     call: Optional[KernelCall]
     output_shape: Tuple[int, ...]
+    pooled: bool = False
 
 
 def _mark_static(tensors) -> None:

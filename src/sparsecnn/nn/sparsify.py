@@ -27,6 +27,7 @@ from ..backends import get_backend
 from ..backends.workers import job_times, reset_job_times
 from ..kernels.reference import relative_error
 from .layout import is_batch_inner, keep_batch_inner_outputs, set_tuning_layout
+from .linear import tune_linears
 from .model_check import check_against_dense
 from .sparse_conv import SparseConv2d
 
@@ -152,7 +153,10 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     "eager" (plain calls: wall time of back-to-back calls, CPU launch cost included, so layers
     whose kernels save less GPU time than their launches cost stay dense). timer: how candidates
     are timed (default: `MeasuringTimer`, or `EagerTimer` for run_mode "eager", on the inputs'
-    device). Layers the inputs never reach are left as they were. Returns the `TuneReport`,
+    device). Then each `SplitKLinear` (from `prepare_for_inference`) that sees a CUDA fp32 input
+    gets the fastest of F.linear and its split-K GEMMs (`linear.tune_linears`, same timer), before the
+    layout and whole-model checks time the model. Layers the inputs never reach are left as they
+    were. Returns the `TuneReport`,
     with the max relative error of the tuned model's outputs against the original model's
     (computed before conversion, TF32 off).
     """
@@ -191,6 +195,10 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
         _log_notes(tuning.results.values())
         tuned = {name: layers[name] for name in tuning.results}
         with torch.no_grad(), tf32_flags(False):
+            with clock.phase("linears"):
+                linears, linear_output = tune_linears(model, _cast(inputs, policy.dtype), timer)
+            if linears:  # the error is then taken on the chosen splits, not the conv pass's F.linear
+                output = linear_output
             with clock.phase("layouts"):
                 batch_inner, layout_ms = keep_batch_inner_outputs(model, lambda: model(*_cast(inputs, policy.dtype)),
                                                                   tuned, timer)
@@ -200,7 +208,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
-                      [name for name in batch_inner if is_batch_inner(tuned[name])], layout_ms, run_mode)
+                      [name for name in batch_inner if is_batch_inner(tuned[name])], layout_ms, run_mode, linears)
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):

@@ -233,10 +233,34 @@ def new_output(shape: Tuple[int, ...], x: torch.Tensor, config: StagedConfig) ->
     return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 
-def epilogue_flags(relu: bool, has_bias: bool, has_residual: bool, out_vectors: bool) -> int:
+def epilogue_flags(relu: bool, has_bias: bool, has_residual: bool, out_vectors: bool, pool: bool = False) -> int:
     """The kernel's `flags`: bit 0 ReLU, 1 bias, 2 residual, 3 float4 stores (out_vectors: the output
-    and residual are batch-innermost, stride 1 along N and 16-byte aligned)."""
-    return int(relu) | int(has_bias) << 1 | int(has_residual) << 2 | int(out_vectors) << 3
+    and residual are batch-innermost, stride 1 along N and 16-byte aligned), 4 a 2x2 stride-2 max pool
+    of act(conv + bias) written instead of it (no residual)."""
+    return int(relu) | int(has_bias) << 1 | int(has_residual) << 2 | int(out_vectors) << 3 | int(pool) << 4
+
+
+POOL_WINDOWS = (0, 2)   # the `pool` argument: none, or a 2x2 max pool with stride 2, no padding, floor mode
+
+
+def pooled_shape(shape: Tuple[int, ...], pool: int) -> Tuple[int, ...]:
+    """The (N, K, P, Q) output after the kernel's `pool` (0: none, 2: 2x2 stride 2, floor)."""
+    n, k, p, q = shape
+    return (n, k, p // 2, q // 2) if pool else (n, k, p, q)
+
+
+def check_pool(pool: int, config: StagedConfig, spec: ConvSpec, has_residual: bool) -> None:
+    """ValueError unless the kernel can pool this layer's output with `config` (`pool` in POOL_WINDOWS)."""
+    if pool not in POOL_WINDOWS:
+        raise ValueError(f"pool must be one of {POOL_WINDOWS} (a 2x2 stride-2 max pool), got {pool!r}")
+    if not pool:
+        return
+    if config.tile_h % 2:
+        raise ValueError(f"a fused 2x2 pool needs an even tile_h, config {config} has {config.tile_h}")
+    if has_residual:
+        raise ValueError("a fused pool takes no residual")
+    if spec.P < 2 or spec.Q < 2:
+        raise ValueError(f"a 2x2 pool of a {spec.P}x{spec.Q} output is empty")
 
 
 def launch_geometry(spec: ConvSpec, config: StagedConfig, n_rows: int, n_chunks: int, max_segment: int,
@@ -282,14 +306,15 @@ def _check_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tenso
 def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tensor, channel: torch.Tensor,
                          kernel_shape, max_segment: int, bias: Optional[torch.Tensor],
                          residual: Optional[torch.Tensor], stride, padding, config: StagedConfig, relu: bool = False,
-                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """act(conv(x) + bias + residual), the launcher the op `sparsecnn::staged_conv2d` binds.
+                         out: Optional[torch.Tensor] = None, pool: int = 0) -> torch.Tensor:
+    """act(conv(x) + bias + residual), the launcher the op `sparsecnn::staged_conv2d` binds; with
+    pool 2, max_pool2d(act(conv(x) + bias), 2) (the pool fused into the epilogue; no residual).
 
     x: (N, C, H, W) float32 CUDA, N a multiple of 32, any strides (batch-innermost is read in
     place, anything else is transposed first); entries/chunk_ptr/channel: `weight_arrays` for this
     layer and config; kernel_shape (K, C, R, S); max_segment: the weight's `max_segment`; bias:
     (K,) or None; residual: (N, K, P, Q) or None; out: (N, K, P, Q) float32 with any strides
-    (default: new, in config.out_layout).
+    (default: new, in config.out_layout), (N, K, P // 2, Q // 2) with pool 2.
     Returns out.
     """
     (sh, sw), (ph, pw) = stride_padding(stride, padding)
@@ -303,13 +328,15 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
     check_layer(spec, config)
     _check_arrays(x, entries, chunk_ptr, channel, spec, config, max_segment)
     check_residual(residual, spec.output_shape, x)
+    check_pool(pool, config, spec, residual is not None)
+    out_shape = pooled_shape(spec.output_shape, pool)
     if bias is not None and (bias.shape != (kernel_k,) or bias.dtype != torch.float32 or bias.device != x.device):
         raise ValueError(f"bias must be a float32 ({kernel_k},) tensor on {x.device}, got {bias.dtype} "
                          f"{tuple(bias.shape)} on {bias.device}")
     if out is None:
-        out = new_output(spec.output_shape, x, config)
-    elif out.shape != spec.output_shape or out.dtype != torch.float32 or out.device != x.device:
-        raise ValueError(f"out must be a float32 {spec.output_shape} tensor on {x.device}, got {out.dtype} "
+        out = new_output(out_shape, x, config)
+    elif out.shape != out_shape or out.dtype != torch.float32 or out.device != x.device:
+        raise ValueError(f"out must be a float32 {out_shape} tensor on {x.device}, got {out.dtype} "
                          f"{tuple(out.shape)} on {out.device}")
     if spec.N == 0:
         return out
@@ -319,7 +346,7 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
         residual = torch.empty_like(out).copy_(residual)   # the epilogue reads it at out's offsets
     bias = None if bias is None else bias.contiguous()
     compiled = compiled_kernel(_geometry(spec), config)
-    flags = epilogue_flags(relu, bias is not None, residual is not None, out_vectors)
+    flags = epilogue_flags(relu, bias is not None, residual is not None, out_vectors, bool(pool))
     grid, ints = launch_geometry(spec, config, channel.numel(), chunk_ptr.shape[1], max_segment, out.stride(), flags)
     pointers = (xt.data_ptr(), entries.data_ptr(), chunk_ptr.data_ptr(), channel.data_ptr(),
                 bias.data_ptr() if bias is not None else 0, residual.data_ptr() if residual is not None else 0,
@@ -333,10 +360,10 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
 
 def staged_conv2d(x: torch.Tensor, packed: StagedCSRWeight, stride, padding, config: StagedConfig,
                   bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None, relu: bool = False,
-                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  out: Optional[torch.Tensor] = None, pool: int = 0) -> torch.Tensor:
     """`staged_conv2d_arrays` on a weight packed by `pack_weight` with `config`."""
     (sh, sw), (ph, pw) = stride_padding(stride, padding)
     spec = launch_spec(tuple(x.shape), tuple(packed.kernel_shape), (sh, sw), (ph, pw))
     arrays = weight_arrays(packed, spec, config)
     return staged_conv2d_arrays(x, *arrays, packed.kernel_shape, packed.max_segment, bias, residual, (sh, sw),
-                                (ph, pw), config, relu, out)
+                                (ph, pw), config, relu, out, pool)

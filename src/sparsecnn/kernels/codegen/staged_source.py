@@ -19,7 +19,8 @@ MIN_BLOCKS_PER_SM = {1: 8, 2: 4, 4: 3, 8: 2}
 
 def kernel_source(spec: ConvSpec, config) -> str:
     """CUDA C of the kernel for one geometry (R, S, stride) and config. The epilogue (bias,
-    residual, ReLU, float4 stores) is chosen per launch by the `flags` argument (`staged.epilogue_flags`):
+    residual, ReLU, float4 stores, a 2x2 max pool) is chosen per launch by the `flags` argument
+    (`staged.epilogue_flags`):
     uniform branches, run once per output, so one compile serves every layer of that geometry.
     config: a `staged.StagedConfig`."""
     halo_h, halo_w = config.halo(spec)
@@ -77,13 +78,64 @@ static __device__ __forceinline__ void stage_entries(int2* dst, const int2* __re
   for (int i = threadIdx.x; i < hi - lo; i += THREADS) cp_async8(dst + i, nz + lo + i);
 }
 
+static __device__ __forceinline__ void store4(float* y, const float v[4], bool vec, int ys_n) {
+  if (vec) {
+    *reinterpret_cast<float4*>(y) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) y[(long long)u * ys_n] = v[u];
+  }
+}
+
+// max as F.max_pool2d takes it: a NaN wins.
+static __device__ __forceinline__ float pool_max(float a, float b) { return (b > a || b != b) ? b : a; }
+
+static __device__ __forceinline__ float4 pool_max4(float4 a, float4 b) {
+  return make_float4(pool_max(a.x, b.x), pool_max(a.y, b.y), pool_max(a.z, b.z), pool_max(a.w, b.w));
+}
+
+// The epilogue with a 2x2, stride-2 max pool: y is the pooled (N, K, P / 2, Q / 2) output. Accumulator t
+// and t + TW / 4 hold vertically adjacent pixels (TH is even); lanes l and l ^ LPP horizontally adjacent
+// ones, exchanged by a shuffle that every lane of the warp takes before any lane-dependent branch.
+// The bias and ReLU come after the max: both are non-decreasing, so the result is bitwise that of
+// pooling act(conv + bias).
+static __device__ __forceinline__ void store_pooled(const float4 (&acc)[CPW][PPL], const int* __restrict__ channel,
+                                                    const float* __restrict__ bias, float* __restrict__ y,
+                                                    bool has_bias, bool relu, bool out_vec, int lane, int oh0,
+                                                    int ow0, int n, int P, int Q, int ys_n, int ys_k, int ys_h,
+                                                    int ys_w) {
+#pragma unroll
+  for (int i = 0; i < CPW; ++i) {
+    const int k = __ldg(channel + i);
+    const float b = (has_bias && k >= 0) ? __ldg(bias + k) : 0.f;
+#pragma unroll
+    for (int t = 0; t < PPL; ++t) {
+      if (((t * 4) / TW) % 2 || t + TW / 4 >= PPL) continue;   // odd rows are taken with the even row above
+      float4 m = pool_max4(acc[i][t], acc[i][t + TW / 4]);
+      m = pool_max4(m, make_float4(__shfl_xor_sync(~0u, m.x, LPP), __shfl_xor_sync(~0u, m.y, LPP),
+                                   __shfl_xor_sync(~0u, m.z, LPP), __shfl_xor_sync(~0u, m.w, LPP)));
+      const int oh = oh0 + (t * 4) / TW, ow = ow0 + (t * 4) % TW + lane / LPP;
+      if (k < 0 || (lane / LPP) % 2 || oh + 1 >= P || ow + 1 >= Q) continue;
+      const long long at = (long long)k * ys_k + (long long)(oh / 2) * ys_h + (long long)(ow / 2) * ys_w +
+                           (long long)n * ys_n;
+      float v[4] = {m.x + b, m.y + b, m.z + b, m.w + b};
+      if (relu) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = fmaxf(v[u], 0.f);
+      }
+      store4(y + at, v, out_vec, ys_n);
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, const int* __restrict__ chunk_ptr,
                       const int* __restrict__ channel, const float* __restrict__ bias,
                       const float* __restrict__ res, float* __restrict__ y,
                       int C, int H, int W, int N, int P, int Q, int pad_h, int pad_w, int tiles_w, int groups,
                       int n_chunks, int max_segment, int ys_n, int ys_k, int ys_h, int ys_w, int flags) {
-  const bool relu = flags & 1, has_bias = flags & 2, has_res = flags & 4, out_vec = flags & 8;
+  const bool relu = flags & 1, has_bias = flags & 2, has_res = flags & 4, out_vec = flags & 8,
+             pool = flags & 16;
   extern __shared__ float4 smem[];
   int2* const staged_nz = reinterpret_cast<int2*>(smem + 2 * STAGE_F4);   // two buffers of max_segment
   const int pixel_offset[PPL] = PIXEL_OFFSETS;
@@ -160,6 +212,11 @@ sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, 
   }
 
   const int n = n0 + (lane % LPP) * 4;
+  if (pool) {
+    store_pooled(acc, channel + row0, bias, y, has_bias, relu, out_vec, lane, oh0, ow0, n, P, Q, ys_n, ys_k, ys_h,
+                 ys_w);
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < CPW; ++i) {
     const int k = __ldg(channel + row0 + i);
@@ -184,12 +241,7 @@ sparsecnn_staged_conv(const float* __restrict__ x, const int2* __restrict__ nz, 
 #pragma unroll
         for (int u = 0; u < 4; ++u) v[u] = fmaxf(v[u], 0.f);
       }
-      if (out_vec) {
-        *reinterpret_cast<float4*>(y + at) = make_float4(v[0], v[1], v[2], v[3]);
-      } else {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) y[at + (long long)u * ys_n] = v[u];
-      }
+      store4(y + at, v, out_vec, ys_n);
     }
   }
 }
