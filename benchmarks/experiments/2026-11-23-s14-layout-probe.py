@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from sparsecnn.autotune import benchmark
 from sparsecnn.backends import get_backend
+from sparsecnn.bench.env import environment
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.kernels.batch_inner import batch_inner_view
 from sparsecnn.kernels.codegen import staged
@@ -30,7 +31,7 @@ for spec in specs:
     xi = batch_inner_view(x.shape, x.dtype, x.device).copy_(x)
     oi = batch_inner_view(spec.output_shape, x.dtype, x.device)
     on = torch.empty(spec.output_shape, device="cuda")
-    res = {"layer": spec.name, "cudnn": t(lambda: F.conv2d(x, w, None, spec.stride, spec.padding))}
+    res = {"layer": spec.name, "cudnn_ms": t(lambda: F.conv2d(x, w, None, spec.stride, spec.padding))}
     be = get_backend("direct")
     for cfg in be.auto_configs(spec, torch.float32):
         pk = be.prepare(w, cfg)
@@ -49,4 +50,4 @@ for spec in specs:
         res[name + " bi>nchw"] = t(lambda: staged.staged_conv2d(xi, pk, spec.stride, spec.padding, cfg, out=on))
         res[name + " nchw>nchw"] = t(lambda: staged.staged_conv2d(x, pk, spec.stride, spec.padding, cfg, out=on))
     print(json.dumps(res), flush=True)
-    out.write(json.dumps(res) + "\n")
+    out.write(json.dumps({**environment("cuda"), **res}) + "\n")

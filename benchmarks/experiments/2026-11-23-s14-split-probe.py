@@ -11,6 +11,7 @@ import dataclasses, json, sys
 import torch
 from sparsecnn.autotune import benchmark
 from sparsecnn.backends import get_backend
+from sparsecnn.bench.env import environment
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.kernels.batch_inner import batch_inner_view
 from sparsecnn.kernels.codegen import staged
@@ -31,7 +32,7 @@ for name in names:
     res = {"layer": name}
     w, _ = make_weight(spec, 0.9, "random", 0, "cuda")
     x = torch.randn(spec.input_shape, device="cuda")
-    res["cudnn"] = t(lambda: F.conv2d(x, w, None, spec.stride, spec.padding))
+    res["cudnn_ms"] = t(lambda: F.conv2d(x, w, None, spec.stride, spec.padding))
     xi = batch_inner_view(x.shape, x.dtype, x.device).copy_(x)
     oi = batch_inner_view(spec.output_shape, x.dtype, x.device)
     be = get_backend("direct")
@@ -41,7 +42,7 @@ for name in names:
             continue
         pk = be.prepare(w, cfg)
         best = min(best, t(lambda: direct_conv.direct_conv2d(xi, pk, None, spec.stride, spec.padding, cfg, out=oi)))
-    res["direct"] = best
+    res["direct_ms"] = best
     for S in (1, 2, 4, 8):
         if spec.C % S or spec.C // S < 16:
             continue
@@ -66,4 +67,4 @@ for name in names:
         res[f"staged_S{S}"] = times[b]; res[f"cfg_S{S}"] = b
     line = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()}
     print(json.dumps(line), flush=True)
-    out.write(json.dumps(line) + "\n")
+    out.write(json.dumps({**environment("cuda"), **line}) + "\n")

@@ -47,9 +47,9 @@ def main():
             ref = reference_conv(x, weight, None, stride=spec.stride, padding=spec.padding, fp64=True)
             xi = batch_inner_view(x.shape, x.dtype, x.device).copy_(x)
             oi = batch_inner_view(spec.output_shape, x.dtype, x.device)
-            row = {"layer": name, "cudnn": _time(lambda: F.conv2d(x, weight, None, spec.stride, spec.padding))}
+            row = {"layer": name, "cudnn_ms": _time(lambda: F.conv2d(x, weight, None, spec.stride, spec.padding))}
             backend = get_backend("direct")
-            row["direct"] = min(
+            row["direct_ms"] = min(
                 _time(lambda: direct_conv.direct_conv2d(xi, packed, None, spec.stride, spec.padding, config, out=oi))
                 for config in backend.auto_configs(spec, torch.float32) if config.variant == "batch"
                 for packed in [backend.prepare(weight, config)])
