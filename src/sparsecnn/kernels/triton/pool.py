@@ -10,9 +10,8 @@ consecutive outputs of each of PLANES planes of the two innermost dims in memory
 stores; PLANES > 1 where a plane is smaller than the config's block, so small planes neither idle
 lanes nor make tiny programs), the outer two dims' coordinates computed once per row of the
 program and the inner size a constexpr (so the per-output div/mod is a multiply and shift), and
-reads each window's taps, which are contiguous along the layout's innermost dim (w for NCHW, n
-batch-innermost, c channels_last), with 32-bit index arithmetic unless the tensors are too large
-for it. On the H100 (N=32, sums over each
+reads each window's taps, which are contiguous along the layout's innermost dim (w for NCHW, n batch-innermost, c channels_last), with 32-bit
+index arithmetic unless the tensors are too large for it. On the H100 (N=32, sums over each
 model's pools, `...-s12-max-pool-16475dc.jsonl`): GoogLeNet's 13 pools 0.44 ms fp32 NCHW against
 0.77 ms for F.max_pool2d, 0.27 against 0.79 ms fp16 channels_last; VGG16's five 0.38 against 0.62 ms
 fp32 and 0.21 against 0.69 ms fp16. Tried (GoogLeNet's pools, speedup over F.max_pool2d in the same
