@@ -6,11 +6,10 @@ and copies any input that is neither NCHW nor channels_last (a batch-innermost a
 `direct` "batch" layers) to NCHW first. GoogLeNet's 13 max pools took 0.75 ms of its 2.9 ms
 sparsified forward on the H100 (fp32, N=32;
 `benchmarks/results/2026-11-22-h100-s12-profile-4439bc8.jsonl`). Here one program writes BLOCK
-consecutive outputs of each of PLANES planes of the two innermost dims in memory order (coalesced
-stores; PLANES > 1 where a plane is smaller than the config's block, so small planes neither idle
-lanes nor make tiny programs), the outer two dims' coordinates computed once per row of the
-program and the inner size a constexpr (so the per-output div/mod is a multiply and shift), and
-reads each window's taps, which are contiguous along the layout's innermost dim (w for NCHW, n batch-innermost, c channels_last), with 32-bit
+consecutive outputs of one plane of the two innermost dims in memory order (coalesced stores), the
+outer two dims' coordinates computed once per program and the inner size a constexpr (so the
+per-output div/mod is a multiply and shift), and reads each window's taps, which are contiguous
+along the layout's innermost dim (w for NCHW, n batch-innermost, c channels_last), with 32-bit
 index arithmetic unless the tensors are too large for it. On the H100 (N=32, sums over each
 model's pools, `...-s12-max-pool-16475dc.jsonl`): GoogLeNet's 13 pools 0.44 ms fp32 NCHW against
 0.77 ms for F.max_pool2d, 0.27 against 0.79 ms fp16 channels_last; VGG16's five 0.38 against 0.62 ms
@@ -71,34 +70,33 @@ def _pick(c0, c1, c2, c3, POS: tl.constexpr):
         return c3
 
 
-@triton.jit(do_not_specialize=["O01", "O1", "O2", "XS0", "XS1", "XS2", "XS3", "XSH", "H", "W",
+@triton.jit(do_not_specialize=["O1", "O2", "XS0", "XS1", "XS2", "XS3", "XSH", "H", "W",
                                "stride_h", "stride_w", "pad_h", "pad_w", "dil_h", "dil_w"])
-def _max_pool2d_kernel(x_ptr, y_ptr, O01, O1, O2, XS0, XS1, XS2, XS3, XSH, XSW, H, W,
+def _max_pool2d_kernel(x_ptr, y_ptr, O1, O2, XS0, XS1, XS2, XS3, XSH, XSW, H, W,
                        stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, O3: tl.constexpr,
                        KH: tl.constexpr, KW: tl.constexpr, HPOS: tl.constexpr, WPOS: tl.constexpr,
-                       WIDE: tl.constexpr, PLANES: tl.constexpr, BLOCK: tl.constexpr):
+                       WIDE: tl.constexpr, BLOCK: tl.constexpr):
     """y[o] = max over the KH x KW window of output o, o in y's memory order.
 
     The output's dims in memory order (outermost first) have sizes (O0, O1, O2, O3); HPOS and
-    WPOS say which of them are P and Q. Program (i, j): outer indices i * PLANES .. (over
-    (O0, O1), O01 = O0 * O1 of them), outputs j * BLOCK .. of each one's inner O2 x O3 plane.
-    XS0..XS3: x's strides of those dims, 0 for P and Q; XSH, XSW: x's strides along H and W.
-    WIDE: int64 offsets.
+    WPOS say which of them are P and Q. Program (i, j): outer index i over (O0, O1), outputs
+    j * BLOCK .. of the inner O2 x O3 plane. XS0..XS3: x's strides of those dims, 0 for P and Q;
+    XSH, XSW: x's strides along H and W. WIDE: int64 offsets.
     """
-    outer = tl.program_id(0) * PLANES + tl.arange(0, PLANES)[:, None]
-    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
+    outer = tl.program_id(0)
+    idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     if WIDE:
         outer = outer.to(tl.int64)
         idx = idx.to(tl.int64)
     c0 = outer // O1
     c1 = outer % O1
-    live = (idx < O2 * O3) & (outer < O01)
+    live = idx < O2 * O3
     c2 = idx // O3  # O3 is a constexpr: a multiply and a shift, not a division
     c3 = idx % O3
     base = x_ptr + (c0 * XS0 + c1 * XS1 + c2 * XS2 + c3 * XS3)
     top = _pick(c0, c1, c2, c3, HPOS) * stride_h - pad_h
     left = _pick(c0, c1, c2, c3, WPOS) * stride_w - pad_w
-    best = tl.full([PLANES, BLOCK], float("-inf"), tl.float32)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
     for r in tl.static_range(KH):
         ih = top + r * dil_h
         row_ok = live & (ih >= 0) & (ih < H)
@@ -127,21 +125,18 @@ class BoundPool:
         x_strides = [0 if dim in (2, 3) else strides[dim] for dim in self.order]
         numel = n * c * self.shape[2] * self.shape[3]
         wide = max(numel, x.numel()) >= 2 ** 31 - config.block
-        # A plane smaller than the block (GoogLeNet's 7x7 and 14x14 NCHW pools) gets a smaller block
-        # per plane, else most of its lanes would idle, and the program takes several planes.
-        plane = sizes[2] * sizes[3]
-        block = min(config.block, max(32, triton.next_power_of_2(plane)))
-        planes = config.block // block
-        num_warps = min(config.num_warps, block * planes // 32)
-        outer = sizes[0] * sizes[1]
-        self.grid = (triton.cdiv(outer, planes), triton.cdiv(plane, block))
+        # A plane smaller than the block (GoogLeNet's 7x7 and 14x14 NCHW pools) gets a smaller
+        # program, else most of its lanes would idle.
+        block = min(config.block, max(32, triton.next_power_of_2(sizes[2] * sizes[3])))
+        num_warps = min(config.num_warps, block // 32)
+        self.grid = (sizes[0] * sizes[1], triton.cdiv(sizes[2] * sizes[3], block))
         if self.grid[1] > _MAX_GRID_Y:
             raise ValueError(f"max pool output planes of {sizes[2]} x {sizes[3]} need {self.grid[1]} programs along "
                              f"CUDA's grid y (at most {_MAX_GRID_Y}): the kernel does not take an image this large")
-        self.scalars = (outer, sizes[1], sizes[2], *x_strides, strides[2], strides[3], h, w,
+        self.scalars = (sizes[1], sizes[2], *x_strides, strides[2], strides[3], h, w,
                         *args.stride, *args.padding, *args.dilation)
         self.meta = dict(O3=sizes[3], KH=args.kernel_size[0], KW=args.kernel_size[1], HPOS=self.order.index(2),
-                         WPOS=self.order.index(3), WIDE=wide, PLANES=planes, BLOCK=block, num_warps=num_warps)
+                         WPOS=self.order.index(3), WIDE=wide, BLOCK=block, num_warps=num_warps)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.contiguous:
