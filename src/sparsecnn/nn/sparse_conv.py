@@ -256,8 +256,9 @@ class SparseConv2d(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """act(conv(x) + bias + residual): x (N, C, H, W) or (N, C, L); residual None or a tensor of
-        the output's shape, dtype and device; act per `activation`."""
+        """act(conv(x) + bias + residual), then max-pooled when `pool` is set: x (N, C, H, W) or
+        (N, C, L); residual None (always, with a pool) or a tensor of the conv output's shape, dtype
+        and device; act per `activation`."""
         self._check_input(x)
         if residual is not None and self.pool is not None:
             raise ValueError("this layer ends in a max pool: it takes no residual")
