@@ -24,7 +24,8 @@ from sparsecnn.nn import SparseConv2d
 RUNS = 5
 
 
-def _annotate(model: torch.nn.Module) -> None:
+def annotate_convs(model: torch.nn.Module) -> None:
+    """Wrap every SparseConv2d forward of `model` in a record_function range `conv:<path>`."""
     for name, module in model.named_modules():
         if isinstance(module, SparseConv2d):
             def pre(mod, args, name=name):
@@ -38,21 +39,22 @@ def _annotate(model: torch.nn.Module) -> None:
             module.register_forward_hook(post)
 
 
-def _layer_gpu_ms(prof) -> dict:
-    """GPU ms per call of each `conv:<layer>` range: the kernels whose start lies inside the range's
-    GPU-side annotation. (The ranges' own `device_time_total` in `key_averages` overstated some
-    layers: layer2.0.conv2 of the DLMC ResNet-50 0.256 against 0.171 ms of kernels,
+def layer_kernel_ms(prof, runs: int = RUNS) -> dict:
+    """{layer: Counter(kernel name -> GPU ms per call)} of each `conv:<layer>` range (`annotate_convs`),
+    over `runs` profiled calls: the kernels whose start lies inside the range's GPU-side annotation.
+    (The ranges' own `device_time_total` in `key_averages`, used before, overstated some layers:
+    layer2.0.conv2 of the DLMC ResNet-50 0.256 against 0.171 ms of kernels,
     `benchmarks/results/2026-11-23-h100-s14-layer-kernels-cfb0a9f.txt`.)"""
     gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     ranges = [e for e in gpu if e.name.startswith("conv:")]
-    layers = collections.Counter()
+    layers = collections.defaultdict(collections.Counter)
     for kernel in gpu:
         if kernel.name.startswith("conv:"):
             continue
         start = kernel.time_range.start
         owner = next((r.name[5:] for r in ranges if r.time_range.start <= start < r.time_range.end), None)
         if owner is not None:
-            layers[owner] += kernel.time_range.elapsed_us() / RUNS / 1e3
+            layers[owner][kernel.name] += kernel.time_range.elapsed_us() / runs / 1e3
     return dict(layers)
 
 
@@ -82,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     sparse, x, label, sparsity, config = tuned_model(args, device)
-    _annotate(sparse)
+    annotate_convs(sparse)
     with precision(args.dtype), torch.no_grad():  # fp32: TF32 off, as `bench model` runs it
         for _ in range(3):
             sparse(x)
@@ -91,7 +93,7 @@ def main() -> None:
                 sparse(x)
             torch.cuda.synchronize(device) if device.type == "cuda" else None
     events = prof.key_averages()
-    layers = _layer_gpu_ms(prof)
+    layers = {layer: sum(kernels.values()) for layer, kernels in layer_kernel_ms(prof).items()}
     kernels = collections.Counter()
     for e in events:  # the conv:<layer> ranges also carry device time: counting them would count kernels twice
         if e.device_type == torch.autograd.DeviceType.CUDA and not e.key.startswith("conv:"):

@@ -10,32 +10,19 @@ with their time per call.
 Usage: PYTHONPATH=src python ...-s14-layer-kernels.py resnet50 --pattern dlmc-magnitude_pruning --out OUT.jsonl
 """
 import argparse
-import collections
 import json
+import sys
+from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 
 from sparsecnn.bench.env import environment
 from sparsecnn.bench.layers import precision
 from sparsecnn.bench.models import _input, _pruned_model, _variant
-from sparsecnn.nn import SparseConv2d
 
-RUNS = 5
-
-
-def _annotate(model):
-    for name, module in model.named_modules():
-        if isinstance(module, SparseConv2d):
-            def pre(mod, args, name=name):
-                mod._range = record_function(f"conv:{name}")
-                mod._range.__enter__()
-
-            def post(mod, args, out):
-                mod._range.__exit__(None, None, None)
-
-            module.register_forward_pre_hook(pre)
-            module.register_forward_hook(post)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from profile_model_kernels import RUNS, annotate_convs, layer_kernel_ms  # noqa: E402
 
 
 def main():
@@ -47,7 +34,7 @@ def main():
     model, label, sparsity = _pruned_model(args.model, 0.9, args.pattern, 0, None)
     x = _input(args.model, 32, 0, torch.device("cuda"), "fp32")
     sparse, x, config = _variant(model.cuda(), x, "fp32", "auto", None)
-    _annotate(sparse)
+    annotate_convs(sparse)
     with precision("fp32"), torch.no_grad():
         for _ in range(3):
             sparse(x)
@@ -55,19 +42,11 @@ def main():
             for _ in range(RUNS):
                 sparse(x)
             torch.cuda.synchronize()
-    gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    ranges = [e for e in gpu if e.name.startswith("conv:")]
-    per_layer = collections.defaultdict(collections.Counter)
-    for kernel in gpu:
-        if kernel.name.startswith("conv:"):
-            continue
-        start = kernel.time_range.start
-        owner = next((r.name[5:] for r in ranges if r.time_range.start <= start < r.time_range.end), "(outside)")
-        per_layer[owner][kernel.name[:80]] += kernel.time_range.elapsed_us() / RUNS / 1e3
+    per_layer = layer_kernel_ms(prof)
     totals = {layer: sum(kernels.values()) for layer, kernels in per_layer.items()}
     for layer in sorted(totals, key=totals.get, reverse=True)[:20]:
         print(f"{layer:28s} {totals[layer]:.4f} ms  " + "; ".join(
-            f"{name} {ms:.4f}" for name, ms in per_layer[layer].most_common(4)))
+            f"{name[:80]} {ms:.4f}" for name, ms in per_layer[layer].most_common(4)))
     with open(args.out, "a") as out:
         out.write(json.dumps({**environment("cuda"), "kind": "experiment", "model": args.model, "pattern": label,
                               "sparsity": sparsity, "N": 32, "dtype": "fp32",
