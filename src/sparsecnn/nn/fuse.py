@@ -174,12 +174,19 @@ def _to_sparse(gm: fx.GraphModule, masks: Masks) -> None:
         setattr(gm.get_submodule(parent), child, layer)
 
 
+def _sole_conv(gm: fx.GraphModule, node, calls: Counter, *, residual_allowed: bool) -> Optional[SparseConv2d]:
+    """The `SparseConv2d` that `node` calls, when that module is called only there, `node`'s output
+    has one use and no argument but the input (and the residual, if allowed); else None."""
+    layer = called_module(gm, node)
+    sole = (isinstance(layer, SparseConv2d) and calls[node.target] == 1 and len(node.users) == 1
+            and len(node.args) == 1 and set(node.kwargs) <= ({"residual"} if residual_allowed else set()))
+    return layer if sole else None
+
+
 def _fusable(gm: fx.GraphModule, node, calls: Counter, *, residual_allowed: bool) -> bool:
     """Whether `node` is the only use of a once-called `SparseConv2d` with no epilogue yet."""
-    layer = called_module(gm, node)
-    return (isinstance(layer, SparseConv2d) and layer.activation == "none" and calls[node.target] == 1
-            and len(node.users) == 1 and len(node.args) == 1
-            and set(node.kwargs) <= ({"residual"} if residual_allowed else set()))
+    layer = _sole_conv(gm, node, calls, residual_allowed=residual_allowed)
+    return layer is not None and layer.activation == "none"
 
 
 def _add_operands(node: fx.Node) -> List[tuple]:
@@ -334,9 +341,8 @@ def _fuse_pools(gm: fx.GraphModule) -> List[str]:
         if not (isinstance(pool, MaxPool2d) or (node.op == "call_function" and node.target is max_pool2d)):
             continue
         conv = node.args[0]
-        layer = called_module(gm, conv)
-        if not (isinstance(layer, SparseConv2d) and calls[conv.target] == 1 and len(conv.users) == 1
-                and len(conv.args) == 1 and not conv.kwargs and layer.conv_dims == 2 and layer.pool is None):
+        layer = _sole_conv(gm, conv, calls, residual_allowed=False)
+        if layer is None or layer.conv_dims != 2 or layer.pool is not None:
             continue
         layer.pool = _pool_args(gm, node)
         node.replace_all_uses_with(conv)
