@@ -121,7 +121,8 @@ def batch_inner(x):
 def count_packs(monkeypatch):
     """The paddings of the `padded_batch_inner` calls the direct launcher makes from now on."""
     calls, real = [], triton_kernels.padded_batch_inner
-    monkeypatch.setattr(triton_kernels, "padded_batch_inner", lambda x, *pad: calls.append(pad) or real(x, *pad))
+    monkeypatch.setattr(triton_kernels, "padded_batch_inner",
+                        lambda x, *args: calls.append(tuple(args[:2])) or real(x, *args))
     return calls
 
 
@@ -401,7 +402,9 @@ def test_batch_variant_layouts_and_residual(in_layout, out_layout):
 @needs_interpreter
 @pytest.mark.parametrize("layout", ["nchw", "channels_last", "sliced", "batch_inner"])
 @pytest.mark.parametrize("pad", [(0, 0), (1, 2), (3, 0)])
-def test_padded_batch_inner_matches_torch(layout, pad):
+@pytest.mark.parametrize("step", [(1, 1), (2, 2), (3, 2)])
+def test_padded_batch_inner_matches_torch(layout, pad, step):
+    """Every padded position at multiples of `step` is torch's padded input (the others are not read)."""
     from sparsecnn.kernels.batch_inner import batch_inner_view
     from sparsecnn.kernels.triton.direct_batch import padded_batch_inner
 
@@ -411,8 +414,9 @@ def test_padded_batch_inner_matches_torch(layout, pad):
     if layout == "batch_inner":
         x.copy_(base[..., :11])
     want = torch.nn.functional.pad(x, (pad[1], pad[1], pad[0], pad[0])).permute(1, 2, 3, 0)
-    got = padded_batch_inner(x, *pad)
-    assert got.is_contiguous() and torch.equal(got, want)
+    got = padded_batch_inner(x, *pad, step)
+    assert got.is_contiguous() and got.shape == want.shape
+    assert torch.equal(got[:, ::step[0], ::step[1]], want[:, ::step[0], ::step[1]])
 
 
 # (N, C, H, W, kernel, stride, padding, weight sparsity, epilogue): every padding 1..3 with 3x3,
@@ -646,7 +650,7 @@ def test_gpu_batch_variant(dtype, batch):
     from sparsecnn.kernels.batch_inner import batch_inner_view
 
     bias = torch.randn(33, device="cuda").to(dtype)
-    for kernel, stride, padding in ((3, 1, 1), (3, 2, 0), (3, 1, 3), (5, 2, 2), (7, 1, (3, 1))):
+    for kernel, stride, padding in ((3, 1, 1), (3, 2, 0), (3, 1, 3), (5, 2, 2), (7, 1, (3, 1)), (1, 2, 0), (1, 2, 1)):
         weight = sparse_weight(33, 19, kernel, kernel, 0.9, zero_channels=(4,), device="cuda").to(dtype)
         spec = ConvSpec(batch, 19, 33, 13, 13, kernel, kernel, stride, padding)
         x = inputs(batch, 19, 13, 13, device="cuda", dtype=dtype)

@@ -567,8 +567,10 @@ def _run(x: torch.Tensor, arrays: WeightArrays, bias: Optional[torch.Tensor], re
             # A batch-innermost padded input is read where it is, with masked loads, rather than
             # padded by a pass over it (see direct_batch's module docstring).
             masked = codes is not None and (ph, pw) != (0, 0) and is_batch_inner(x)
+            # A 1x1 kernel reads only the positions at multiples of the stride: only those are packed.
+            step = spec.stride if (spec.R, spec.S) == (1, 1) else (1, 1)
             source, offsets, padding = ((x.permute(1, 2, 3, 0), codes, (ph, pw)) if masked
-                                        else (padded_batch_inner(x, ph, pw), offsets, (0, 0)))
+                                        else (padded_batch_inner(x, ph, pw, step), offsets, (0, 0)))
             launch_batch(source, _nonempty(values), _nonempty(offsets), row_ptr, bias, residual, out, spec.stride,
                          relu, config.block_pix, config.sub_batch, config.chunk, config.num_warps, padding)
         else:
