@@ -161,3 +161,42 @@ def test_kept_only_when_faster_and_outputs_unchanged(inner_faster):
         layouts = [tuned[name].config.out_layout for name in "abcd"]
         assert layouts == (["batch_inner"] * 3 + ["nchw"] if inner_faster else ["nchw"] * 4)
         assert relative_error(gm(x), want) < 1e-5
+
+
+class Inception(nn.Module):
+    """1x1 siblings a and b read x (merged into one layer); b feeds a 3x3 conv c; a's output and c's
+    are concatenated and feed d, then a global average pool."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.b = nn.Conv2d(3, 6, 1)
+        self.c = nn.Conv2d(6, 5, 3, padding=1)
+        self.d = nn.Conv2d(9, 8, 1)
+        self.avg = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        y = torch.cat([torch.relu(self.a(x)), torch.relu(self.c(torch.relu(self.b(x))))], 1)
+        return torch.flatten(self.avg(self.d(y)), 1)
+
+
+@needs_interpreter
+def test_candidates_look_through_a_merged_layers_channel_slices():
+    from sparsecnn.kernels.triton.direct_conv import DirectConfig
+
+    torch.manual_seed(0)
+    model = Inception().eval()
+    x = torch.randn(4, 3, 9, 9)
+    gm = prepare_for_inference(model, example_inputs=(x,))
+    layers = dict(gm.named_modules())
+    names = ["merged__a__b", "c", "d"]
+    for name in names:
+        layers[name]._set_backend("direct", DirectConfig(16, 1, 4, 1, 1, "batch", 4))
+    tuned = {name: layers[name] for name in names}
+    assert batch_inner_candidates(gm, tuned) == names
+    with torch.no_grad():
+        timer = ScriptedTimer({"model:nchw outputs": 2.0, "model:batch-innermost outputs": 1.0})
+        assert keep_batch_inner_outputs(gm, lambda: gm(x), tuned, timer)[0] == names
+        assert relative_error(gm(x), model(x)) < 1e-5
+    layers["c"]._set_backend("dense", None)
+    assert batch_inner_candidates(gm, {n: layers[n] for n in names}) == ["d"]  # b's slice feeds a dense c

@@ -6,7 +6,8 @@ follow it into the layer's epilogue (`activation="relu"`, `forward(x, residual=.
 backend can apply them while its output tile is still in registers, and swaps max pools for
 `pool.MaxPool2d` / `pool.max_pool2d` (no argmax; the input's layout kept), channel
 concatenations for `concat.cat_channels` (a batch-innermost layout kept) and linears for
-`linear.SplitKLinear` (split-K GEMMs where `autotune_model` finds them faster).
+`linear.SplitKLinear` (split-K GEMMs where `autotune_model` finds them faster), and merges sibling
+convs that read the same input (`merge.py`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from torch import fx, nn
 from ..kernels.pool import PoolArgs
 from ..prune import absorb_torch_prune_
 from .concat import cat_channels
+from .graph import called_module, module_calls
 from .linear import SplitKLinear
+from .merge import merge_sibling_convs
 from .pool import MaxPool2d, max_pool2d
 from .sparse_conv import SparseConv2d
 
@@ -48,12 +51,14 @@ class FuseReport:
     swapped_concats: List[str] = field(default_factory=list)  # torch.cat node names (dim 1)
     swapped_linears: List[str] = field(default_factory=list)  # nn.Linear paths, now SplitKLinear
     fused_pools: List[str] = field(default_factory=list)  # convs that now end in their max pool
+    merged_convs: Dict[str, List[str]] = field(default_factory=dict)  # merged conv -> sibling convs in it
 
     def summary(self) -> str:
         return (f"{len(self.folded_batchnorms)} BatchNorms folded, {len(self.fused_relus)} ReLUs and "
                 f"{len(self.fused_adds)} residual adds fused, {len(self.swapped_pools)} max pools, "
                 f"{len(self.swapped_linears)} linears and {len(self.swapped_concats)} concatenations swapped, "
-                f"{len(self.fused_pools)} max pools moved into their convs")
+                f"{len(self.fused_pools)} max pools moved into their convs, "
+                f"{sum(map(len, self.merged_convs.values()))} sibling convs merged into {len(self.merged_convs)}")
 
 
 class _Tracer(fx.Tracer):
@@ -83,18 +88,6 @@ def _trace(model: nn.Module) -> fx.GraphModule:
     return fx.GraphModule(model, graph, type(model).__name__)
 
 
-def called_module(gm: fx.GraphModule, node) -> Optional[nn.Module]:
-    """The module `node` calls, or None if it is not a call_module node."""
-    if isinstance(node, fx.Node) and node.op == "call_module":
-        return gm.get_submodule(node.target)
-    return None
-
-
-def _module_calls(gm: fx.GraphModule) -> Counter:
-    """How many call sites each module has: a module called twice shares its weights and activation."""
-    return Counter(node.target for node in gm.graph.nodes if node.op == "call_module")
-
-
 @torch.no_grad()
 def _fold_into(conv: nn.Module, bn: nn.Module) -> None:
     """conv.weight *= s and conv.bias = beta + (bias - mean) * s per output channel, with
@@ -114,7 +107,7 @@ def _fold_into(conv: nn.Module, bn: nn.Module) -> None:
 
 def _fold_batchnorms(gm: fx.GraphModule) -> Dict[str, str]:
     """Fold every eval-mode BatchNorm whose input is a conv output used by nothing else."""
-    calls, folded = _module_calls(gm), {}
+    calls, folded = module_calls(gm), {}
     for bn_node in list(gm.graph.nodes):
         bn = called_module(gm, bn_node)
         if bn is None or len(bn_node.args) != 1 or bn_node.kwargs:
@@ -246,7 +239,7 @@ def _residual_ready(gm: fx.GraphModule, conv: fx.Node, add: fx.Node, residual: f
 
 def _fuse_adds(gm: fx.GraphModule) -> List[str]:
     """conv -> add(conv, other) becomes conv(x, residual=other)."""
-    calls, fused = _module_calls(gm), []
+    calls, fused = module_calls(gm), []
     for add in list(gm.graph.nodes):
         for conv, residual in _add_operands(add):
             if (_fusable(gm, conv, calls, residual_allowed=False) and _same_shape(conv, residual)
@@ -289,7 +282,7 @@ def _relu_input(gm: fx.GraphModule, relu: fx.Node) -> Optional[fx.Node]:
 
 def _fuse_relus(gm: fx.GraphModule) -> List[str]:
     """conv [with residual] -> [max pool ->] relu becomes conv with activation="relu" [-> max pool]."""
-    calls, fused = _module_calls(gm), []
+    calls, fused = module_calls(gm), []
     for relu in list(gm.graph.nodes):
         conv = _relu_input(gm, relu)
         if conv is not None and _fusable(gm, conv, calls, residual_allowed=True):
@@ -335,7 +328,7 @@ def _pool_args(gm: fx.GraphModule, node: fx.Node) -> PoolArgs:
 def _fuse_pools(gm: fx.GraphModule) -> List[str]:
     """conv -> our max pool becomes the conv with `pool` set (a backend may pool in its epilogue,
     the others pool after their kernel): 2-D convs without a residual whose output only the pool uses."""
-    calls, fused = _module_calls(gm), []
+    calls, fused = module_calls(gm), []
     for node in list(gm.graph.nodes):
         pool = called_module(gm, node)
         if not (isinstance(pool, MaxPool2d) or (node.op == "call_function" and node.target is max_pool2d)):
@@ -386,7 +379,9 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
     of the conv's output too, as the two commute), every max pool
     without indices swapped for `pool.MaxPool2d` / `pool.max_pool2d` (same values; on CUDA no argmax
     is written and the input's memory layout is kept) and, where it is the only use of a 2-D conv
-    without a residual, moved into that conv (`SparseConv2d.pool`), and every torch.cat along the channels for
+    without a residual, moved into that conv (`SparseConv2d.pool`), sibling convs (same input and
+    geometry, e.g. an inception block's 1x1 convs) merged into one whose output's channel slices
+    replace theirs (`merge.merge_sibling_convs`), and every torch.cat along the channels for
     `concat.cat_channels` (same values; batch-innermost inputs give a batch-innermost output). Every
     nn.Linear called as a module becomes a `linear.SplitKLinear` sharing its parameters (splits 1, i.e.
     F.linear, until `autotune_model` times split-K GEMMs for it).
@@ -415,6 +410,7 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
     report.fused_relus = _fuse_relus(gm)
     report.swapped_pools = _swap_max_pools(gm)
     report.fused_pools = _fuse_pools(gm)
+    report.merged_convs = merge_sibling_convs(gm)
     report.swapped_concats = _swap_concats(gm)
     report.swapped_linears = _swap_linears(gm)
     return _finish(gm, report)

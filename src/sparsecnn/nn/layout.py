@@ -4,7 +4,8 @@ Each layer is tuned on an NCHW input and writes NCHW, so a "batch" layer (which 
 (C, H, W, N)) pays a transpose of its input. When every consumer of a layer's output (as input or
 fused residual) is itself a "batch" layer, that layer can write (K, P, Q, N) instead and the next
 layers read it with no transpose (1x1 layers without padding: no copy at all). A consumer may also
-be a max pool of `pool.py` (it keeps the layout) whose consumers all qualify, a channel
+be a max pool of `pool.py` (it keeps the layout) or a channel slice `y[:, a:b]` (a merged conv's
+output, `merge.py`: dense in that layout) whose consumers all qualify, a channel
 concatenation (`concat.cat_channels`) of "batch" layers' outputs alone whose consumers all qualify, or an
 nn.AdaptiveAvgPool2d (which makes its own contiguous output; a ResNet's last layer feeds one,
 and an NCHW output there costs a strided store and a copy of its residual). Only graphs from
@@ -23,7 +24,7 @@ from torch import nn
 
 from ..autotune import Candidate, Timer
 from .concat import cat_channels
-from .fuse import called_module
+from .graph import called_module, channel_slice
 from .pool import MaxPool2d, max_pool2d
 from .sparse_conv import SparseConv2d
 
@@ -53,13 +54,16 @@ def batch_inner_candidates(model: nn.Module, tuned: Dict[str, SparseConv2d]) -> 
     def batch_node(node) -> bool:
         return node.op == "call_module" and _is_batch(tuned.get(node.target))
 
+    def batch_output(node) -> bool:  # a "batch" layer's output, or a channel slice of one
+        return batch_node(node) or (channel_slice(node) and batch_output(node.args[0]))
+
     def takes_batch_inner(node) -> bool:
         if batch_node(node) or isinstance(called_module(model, node), nn.AdaptiveAvgPool2d):
             return True
         if node.op == "call_function" and node.target is cat_channels:  # batch-innermost only if every input is
-            keeps_layout = all(isinstance(i, torch.fx.Node) and batch_node(i) for i in node.args[0])
+            keeps_layout = all(isinstance(i, torch.fx.Node) and batch_output(i) for i in node.args[0])
         else:
-            keeps_layout = (isinstance(called_module(model, node), MaxPool2d)
+            keeps_layout = (isinstance(called_module(model, node), MaxPool2d) or channel_slice(node)
                             or (node.op == "call_function" and node.target is max_pool2d))
         return keeps_layout and bool(node.users) and all(takes_batch_inner(user) for user in node.users)
 
