@@ -80,16 +80,25 @@ def test_prefetched_extractions_equal_in_process_ones_and_are_taken(worker_pool,
 
 
 def test_prefetch_hook_submits_the_t2_values_prepare_uses(worker_pool, no_extractions, monkeypatch):
-    weight, backend = _weight(), get_backend("blocks")
-    expected = extract_blocks(weight, BlockParams(t2=8))  # the t2 of fp32's default config (tf32x3)
-    backend.prefetch(SPEC, weight.double(), torch.float32, True)  # cast to the dtype it will be tuned at
-    t2_values = {config.t2 for config in backend.auto_configs(SPEC, torch.float32)}
+    weight, backend = _weight().half(), get_backend("blocks")
+    default_t2 = backend.configs(SPEC, torch.float16)[0].t2
+    expected = extract_blocks(weight, BlockParams(t2=default_t2))
+    backend.prefetch(SPEC, weight.double(), torch.float16, True)  # cast to the dtype it will be tuned at
+    t2_values = {config.t2 for config in backend.auto_configs(SPEC, torch.float16)}
     assert {key[3] for key in block_extraction._WORKERS.pending} == t2_values == {4, 8}
-    assert {config.t2 for config in backend.configs(SPEC, torch.float32)} == {4, 8, 12, 16}  # when named
+    assert {config.t2 for config in backend.configs(SPEC, torch.float16)} == {4, 8, 12, 16}  # when named
     _in_process_forbidden(monkeypatch)
     backend.prepare(weight, None)
-    assert {key[3] for key in block_extraction._WORKERS.pending} == {4}
-    _assert_same(block_extraction.extraction(weight, 8), expected)
+    assert {key[3] for key in block_extraction._WORKERS.pending} == {4, 8} - {default_t2}
+    _assert_same(block_extraction.extraction(weight, default_t2), expected)
+
+
+def test_auto_tries_no_blocks_config_in_fp32(worker_pool, no_extractions):
+    backend = get_backend("blocks")
+    assert backend.auto_configs(SPEC, torch.float32) == []
+    assert {config.t2 for config in backend.configs(SPEC, torch.float32)} == {4, 8, 12, 16}  # when named
+    backend.prefetch(SPEC, _weight(), torch.float32, True)
+    assert not block_extraction._WORKERS.pending
 
 
 class _NoRunTimer:

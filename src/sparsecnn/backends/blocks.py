@@ -44,6 +44,12 @@ AUTO_T2 = (4, 8)
 
 
 def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
+    """Those of AUTO_T2 for fp16/bf16; none for fp32, where blocks was chosen for 0 of the 3180 layers
+    of the 75 fp32 model tunings of sessions 8-15 on the H100 (`benchmarks/results/*-s{8..15}-*.jsonl`)
+    while its extractions, binds and compiles took 5-10 s of a ResNet-50's ~55 s tuning. Asked for by
+    name (`backends=[..., "blocks"]`), it is tried with all its configs."""
+    if dtype == torch.float32:
+        return []
     return [config for config in _kernels().candidate_configs(spec, dtype) if config.t2 in AUTO_T2]
 
 
@@ -51,10 +57,9 @@ def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias
               configs: Optional[List[Any]] = None, relu_only: bool = False) -> None:
     """Submit the extractions of every t2 of `configs` (None: those `backend="auto"` tries) for
     `weight` at `dtype` (they depend on nothing else)."""
-    weight = weight.to(dtype)
     if configs is None:
-        configs = [config for config in _candidate_configs(weight, dtype) if config.t2 in AUTO_T2]
-    submit_extractions(weight, [config.t2 for config in configs])
+        configs = _auto_configs(spec, dtype)
+    submit_extractions(weight.to(dtype), [config.t2 for config in configs])
 
 
 def _prepare(weight: torch.Tensor, config: Any):
