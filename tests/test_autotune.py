@@ -362,7 +362,9 @@ def test_policies_offer_only_the_precisions_they_allow(device_type):
         return
     tf32 = [c for c in offered["tf32"] if uses_tf32(c.backend, c.config)]
     assert Candidate("dense-tf32") in tf32 and any(c.backend == "blocks" for c in tf32)
-    assert any(c.backend == "blocks" and c.config.precision == "tf32x3" for c in offered["fp32"])  # fp32-level
+    assert not any(c.backend == "blocks" for c in offered["fp32"])  # not unasked in fp32 (blocks.auto_configs)
+    named = candidates_for(spec, POLICIES["fp32"], device_type, backends=["blocks"])
+    assert any(c.backend == "blocks" and c.config.precision == "tf32x3" for c in named)  # fp32-level
     assert set(offered["fp32"]) < set(offered["tf32"])
     assert Candidate("dense-channels-last") in offered["fp16"]
     assert not any(c.backend == "dense-channels-last" for c in offered["fp32"])

@@ -93,11 +93,17 @@ def test_prefetch_hook_submits_the_t2_values_prepare_uses(worker_pool, no_extrac
     _assert_same(block_extraction.extraction(weight, default_t2), expected)
 
 
-def test_auto_tries_no_blocks_config_in_fp32(worker_pool, no_extractions):
+def test_auto_tries_only_tf32_blocks_configs_in_fp32(worker_pool, no_extractions):
+    """The fp32 policy (no TF32) gets no blocks candidate unasked; the tf32 policy its "tf32" ones."""
+    from sparsecnn.autotune.precision import POLICIES
+    from sparsecnn.autotune.select import candidates_for, prefetch_candidates
+
     backend = get_backend("blocks")
-    assert backend.auto_configs(SPEC, torch.float32) == []
+    assert {config.precision for config in backend.auto_configs(SPEC, torch.float32)} == {"tf32"}
+    assert not any(c.backend == "blocks" for c in candidates_for(SPEC, POLICIES["fp32"], "cuda"))
+    assert any(c.backend == "blocks" for c in candidates_for(SPEC, POLICIES["tf32"], "cuda"))
     assert {config.t2 for config in backend.configs(SPEC, torch.float32)} == {4, 8, 12, 16}  # when named
-    backend.prefetch(SPEC, _weight(), torch.float32, True)
+    prefetch_candidates(SPEC, _weight(), POLICIES["fp32"], "cuda", has_bias=True)
     assert not block_extraction._WORKERS.pending
 
 

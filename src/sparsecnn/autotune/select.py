@@ -45,10 +45,11 @@ class Candidate:
 def _configs(name: str, spec: ConvSpec, policy: PrecisionPolicy, auto_only: bool) -> List[Any]:
     backend = get_backend(name)
     configs = backend.configs(spec, policy.dtype)
-    if auto_only and backend.auto_configs is not None:
-        configs = [config for config in configs if config in backend.auto_configs(spec, policy.dtype)]
     if policy.allow_tf32 and policy.dtype == torch.float32:
         configs = configs + [variant for variant in map(tf32_variant, configs) if variant is not None]
+    if auto_only and backend.auto_configs is not None:  # an auto list may name TF32 variants
+        auto = backend.auto_configs(spec, policy.dtype)
+        configs = [config for config in configs if config in auto]
     return [config for config in dict.fromkeys(configs) if policy.allow_tf32 or not uses_tf32(name, config)]
 
 

@@ -44,13 +44,13 @@ AUTO_T2 = (4, 8)
 
 
 def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
-    """Those of AUTO_T2 for fp16/bf16; none for fp32, where blocks was chosen for 0 of the 3180 layers
-    of the 75 fp32 model tunings of sessions 8-15 on the H100 (`benchmarks/results/*-s{8..15}-*.jsonl`)
-    while its extractions, binds and compiles took 5-10 s of a ResNet-50's ~55 s tuning. Asked for by
-    name (`backends=[..., "blocks"]`), it is tried with all its configs."""
-    if dtype == torch.float32:
-        return []
-    return [config for config in _kernels().candidate_configs(spec, dtype) if config.t2 in AUTO_T2]
+    """Those of AUTO_T2; in fp32 only the "tf32" ones (offered under the tf32 policy alone): under the
+    fp32 policy blocks was chosen for 0 of the 3180 layers of the 75 fp32 model tunings of sessions
+    8-15 on the H100 (`benchmarks/results/*-s{8..15}-*.jsonl`), while its extractions, binds and
+    compiles took 5-10 s of a ResNet-50's ~55 s tuning. Asked for by name (`backends=[..., "blocks"]`),
+    it is tried with all its configs."""
+    precision = "tf32" if dtype == torch.float32 else None
+    return [config for config in _kernels().candidate_configs(spec, dtype, precision) if config.t2 in AUTO_T2]
 
 
 def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool,
