@@ -89,7 +89,7 @@ def test_nested_siblings_are_named_under_their_common_parent():
         assert relative_error(gm(x), model(x)) < 1e-6
 
 
-def test_tuned_conv1d_and_grouped_siblings_do_not_merge():
+def test_conv1d_grouped_and_tuned_siblings_do_not_merge():
     class Mixed(nn.Module):
         def __init__(self):
             super().__init__()
