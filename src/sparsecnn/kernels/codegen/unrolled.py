@@ -10,8 +10,9 @@ non-zero of that column in the group: at 90% sparsity and bk = 32 about 3 FMAs p
 index or weight loads (they are code). The price is code: one FMA instruction per non-zero and
 image, compiled per layer (ptxas, seconds; cached on disk by PTX).
 
-Layout. Input (N, C, H, W) stored batch-innermost as (C, H, W, N) (anything else is transposed
-first) with N a multiple of vec; output and residual batch-innermost (vector stores).
+Layout. Input (N, C, H, W) read batch-innermost as (C, H + 2 ph, W + 2 pw, N), N a multiple of
+vec (a batch-innermost input without padding in place, anything else packed first); output and
+residual batch-innermost (vector stores).
 """
 from __future__ import annotations
 
@@ -147,8 +148,8 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """act(conv(x) + bias + residual) for the layer `compiled` was built for.
 
-    x: (N, C, H, W) float32 CUDA of that layer's input shape, any strides (batch-innermost is read
-    in place); bias: (K,) float32 or None; residual: (N, K, P, Q) or None (copied to the output's
+    x: (N, C, H, W) float32 CUDA of that layer's input shape, any strides (batch-innermost without
+    padding is read in place, anything else packed zero-padded first); bias: (K,) float32 or None; residual: (N, K, P, Q) or None (copied to the output's
     layout when it is not batch-innermost); out: a batch-innermost (N, K, P, Q) float32 tensor
     (default: new). Returns out.
     """
@@ -171,7 +172,8 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
                          f"{out.stride()} on {out.device}")
     if residual is not None and residual.stride() != out.stride():
         residual = torch.empty_like(out).copy_(residual)
-    xt = padded_batch_inner(x, 0, 0)
+    one_by_one = spec.R == 1 and spec.S == 1
+    xt = padded_batch_inner(x, *spec.padding, step=spec.stride if one_by_one else (1, 1))
     if xt.data_ptr() % (4 * config.vec):   # vector loads need vec-float alignment
         xt = xt.clone()
     bias = None if bias is None else bias.contiguous()

@@ -7,8 +7,9 @@ every input column (c, r, s) holding a non-zero in one of the group's channels, 
 one load of the thread's `vec` inputs, then one FMA per non-zero and image with the weight as an
 immediate. A loaded input feeds every non-zero of its column in the group (at 90% sparsity and
 bk = 32 about 3 FMAs per load, against one for the Triton "batch" kernel), and no index or weight
-is loaded. Rows and columns of the window outside the image are predicated-off loads of zeros
-(the predicates are computed once per thread).
+is loaded. The input is read zero-padded ((C, H + 2 ph, W + 2 pw, N), packed by the launcher), so
+no load is predicated: with a predicate per tap, ptxas took 4-5x longer (42 against 9 s on a 3x3
+layer of 59k non-zeros).
 
 Why PTX and not CUDA C: nvcc's front end took 11 s on a layer of 26k non-zeros and 95 s on one
 of 105k (ptxas 3 s and 22 s); the PTX is written here in well under a second. Every value is a
@@ -67,8 +68,8 @@ def channel_groups(weight: np.ndarray, bk: int) -> List[List[int]]:
 
 def group_columns(weight: np.ndarray, group: Sequence[int], spec: ConvSpec) -> List[Column]:
     """The non-empty columns of one group's channels, in (c, r, s) order; offsets in elements of the
-    batch-innermost input (c * H*W*N + r * W*N + s * N)."""
-    n, _, h, w = spec.input_shape
+    zero-padded batch-innermost input (C, H + 2 ph, W + 2 pw, N): c * Hp*Wp*N + r * Wp*N + s * N."""
+    n, h, w = spec.N, spec.H + 2 * spec.padding[0], spec.W + 2 * spec.padding[1]
     block = weight[list(group)]
     flat = block.reshape(len(group), -1)
     columns = []
@@ -92,8 +93,6 @@ class _Writer:
         self.weight, self.spec, self.bk, self.vec, self.threads = weight, spec, bk, vec, threads
         self.n = spec.N
         self.pqn = spec.P * spec.Q * spec.N
-        self.masked_rows = spec.padding[0] > 0
-        self.masked_cols = spec.padding[1] > 0
         self.suffix = "" if vec == 1 else f".v{vec}"
         self.lines: List[str] = []
 
@@ -102,63 +101,58 @@ class _Writer:
 
     def source(self) -> str:
         groups = channel_groups(self.weight, self.bk)
-        accumulators = self.vec * max(len(group) for group in groups)
-        spec, vec = self.spec, self.vec
-        self.emit(f".version {PTX_VERSION}", ".target sm_90", ".address_size 64", "",
-                  f".visible .entry {KERNEL_NAME}(.param .u64 p_x, .param .u64 p_bias, .param .u64 p_res, "
+        self.emit(f".version {PTX_VERSION}", ".target sm_90", ".address_size 64", "")
+        for index, group in enumerate(groups):
+            self._group_function(index, group)
+        self.emit(f".visible .entry {KERNEL_NAME}(.param .u64 p_x, .param .u64 p_bias, .param .u64 p_res, "
                   ".param .u64 p_y, .param .u32 p_flags)",
-                  f".maxntid {self.threads}, 1, 1", "{",
-                  f".reg .pred %p<8>; .reg .pred %pr<{spec.R}>; .reg .pred %pc<{spec.S}>; "
-                  f".reg .pred %pm<{spec.R * spec.S}>;",
-                  ".reg .b32 %r<24>; .reg .b64 %rd<12>;",
-                  f".reg .f32 %v<{_LOAD_REGISTERS * vec}>; .reg .f32 %a<{accumulators}>; .reg .f32 %o<{2 * vec + 1}>;")
+                  f".maxntid {self.threads}, 1, 1", "{", ".reg .pred %p<2>; .reg .b32 %r<24>; .reg .b64 %rd<12>;")
         self._prologue()
         targets = ", ".join(f"$G{index}" for index in range(len(groups)))
         self.emit(f"$TABLE: .branchtargets {targets};", "mov.u32 %r20, %ctaid.y;", "brx.idx %r20, $TABLE;")
-        for index, group in enumerate(groups):
-            self.emit(f"$G{index}:")
-            self._group(group)
-            self.emit("bra.uni $DONE;")
+        for index in range(len(groups)):
+            self.emit(f"$G{index}:", f"call.uni group{index}, (%rd4, %rd1, %rd6, %rd7, %r0);",
+                      "bra.uni $DONE;")
         self.emit("$DONE:", "ret;", "}")
         return "\n".join(self.lines) + "\n"
 
     def _prologue(self) -> None:
+        """m (first position), window origin in the padded input, and the pointers each group takes:
+        x at the origin (%rd4), bias (%rd1), residual and output at m (%rd6, %rd7)."""
         spec, n = self.spec, self.n
-        (sh, sw), (ph, pw) = spec.stride, spec.padding
+        sh, sw = spec.stride
         for index, name in enumerate(("x", "bias", "res", "y")):
             self.emit(f"ld.param.u64 %rd{index}, [p_{name}];", f"cvta.to.global.u64 %rd{index}, %rd{index};")
         self.emit("ld.param.u32 %r0, [p_flags];",
                   "mov.u32 %r1, %ctaid.x;", "mov.u32 %r2, %tid.x;",
                   f"mad.lo.s32 %r3, %r1, {self.threads}, %r2;",
-                  f"mul.lo.s32 %r4, %r3, {self.vec};",                  # m: first (pixel, image) position
+                  f"mul.lo.s32 %r4, %r3, {self.vec};",
                   f"setp.ge.s32 %p0, %r4, {self.pqn};", "@%p0 bra $DONE;",
                   f"div.s32 %r5, %r4, {n};", f"mul.lo.s32 %r6, %r5, {n};", "sub.s32 %r6, %r4, %r6;",  # pix, img
                   f"div.s32 %r7, %r5, {spec.Q};", f"mul.lo.s32 %r8, %r7, {spec.Q};", "sub.s32 %r8, %r5, %r8;",  # p, q
-                  f"mul.lo.s32 %r9, %r7, {sh};", f"sub.s32 %r9, %r9, {ph};",       # h0
-                  f"mul.lo.s32 %r10, %r8, {sw};", f"sub.s32 %r10, %r10, {pw};",    # w0
-                  f"mul.lo.s32 %r11, %r9, {spec.W * n};", f"mad.lo.s32 %r11, %r10, {n}, %r11;",
-                  "add.s32 %r11, %r11, %r6;",                                     # window origin
+                  f"mul.lo.s32 %r9, %r7, {sh};", f"mul.lo.s32 %r10, %r8, {sw};",
+                  f"mul.lo.s32 %r11, %r9, {(spec.W + 2 * spec.padding[1]) * n};",
+                  f"mad.lo.s32 %r11, %r10, {n}, %r11;",
+                  "add.s32 %r11, %r11, %r6;",
                   "mul.wide.s32 %rd4, %r11, 4;", "add.s64 %rd4, %rd0, %rd4;",
-                  "mul.wide.s32 %rd5, %r4, 4;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;",
-                  "and.b32 %r12, %r0, 1;", "setp.ne.s32 %p1, %r12, 0;",
-                  "and.b32 %r12, %r0, 2;", "setp.ne.s32 %p2, %r12, 0;",
-                  "and.b32 %r12, %r0, 4;", "setp.ne.s32 %p3, %r12, 0;")
-        if self.masked_rows:
-            for r in range(spec.R):
-                self.emit(f"add.s32 %r13, %r9, {r};", f"setp.lt.u32 %pr{r}, %r13, {spec.H};")
-        if self.masked_cols:
-            for s in range(spec.S):
-                self.emit(f"add.s32 %r13, %r10, {s};", f"setp.lt.u32 %pc{s}, %r13, {spec.W};")
-        if self.masked_rows and self.masked_cols:
-            for r in range(spec.R):
-                self.emit(*(f"and.pred %pm{r * spec.S + s}, %pr{r}, %pc{s};" for s in range(spec.S)))
+                  "mul.wide.s32 %rd5, %r4, 4;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;")
 
-    def _mask(self, r: int, s: int) -> str:
-        if self.masked_rows and self.masked_cols:
-            return f"%pm{r * self.spec.S + s}"
-        if self.masked_rows:
-            return f"%pr{r}"
-        return f"%pc{s}" if self.masked_cols else ""
+    def _group_function(self, index: int, group: Sequence[int]) -> None:
+        """One group as a function of its own: ptxas then allocates registers per group, and its time
+        grows about linearly with the layer (one function of every group took up to 8 minutes)."""
+        spec, vec = self.spec, self.vec
+        self.emit(f".func group{index}(.param .u64 xb, .param .u64 bias, .param .u64 resm, .param .u64 ym, "
+                  ".param .u32 flags)", "{",
+                  ".reg .pred %p<4>; .reg .b32 %r<4>; .reg .b64 %rd<4>;",
+                  f".reg .f32 %v<{_LOAD_REGISTERS * vec}>; .reg .f32 %a<{max(1, len(group) * vec)}>; "
+                  f".reg .f32 %o<{2 * vec + 1}>;",
+                  "ld.param.u64 %rd0, [xb];", "ld.param.u64 %rd1, [bias];", "ld.param.u64 %rd2, [resm];",
+                  "ld.param.u64 %rd3, [ym];", "ld.param.u32 %r0, [flags];",
+                  "and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
+                  "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
+                  "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;")
+        self._group(group)
+        self.emit("ret;", "}", "")
 
     def _vector(self, first: int) -> str:
         names = [f"%v{first + e}" for e in range(self.vec)]
@@ -169,12 +163,7 @@ class _Writer:
         self.emit(*(f"mov.f32 %a{slot}, 0f00000000;" for slot in range(len(group) * vec)))
         for index, column in enumerate(group_columns(self.weight, group, self.spec)):
             first = (index % _LOAD_REGISTERS) * vec
-            mask = self._mask(column.r, column.s)
-            load = f"ld.global.nc{self.suffix}.f32 {self._vector(first)}, [%rd4+{4 * column.offset}];"
-            if mask:
-                self.emit(*(f"mov.f32 %v{first + e}, 0f00000000;" for e in range(vec)), f"@{mask} {load}")
-            else:
-                self.emit(load)
+            self.emit(f"ld.global.nc{self.suffix}.f32 {self._vector(first)}, [%rd0+{4 * column.offset}];")
             for j, value in column.terms:
                 immediate = f32_hex(value)
                 self.emit(*(f"fma.rn.f32 %a{j * vec + e}, %v{first + e}, {immediate}, %a{j * vec + e};"
@@ -190,10 +179,10 @@ class _Writer:
         as_vector = (lambda names: names[0] if vec == 1 else "{" + ", ".join(names) + "}")
         self.emit(f"mov.f32 {bias}, 0f00000000;", f"@%p2 ld.global.nc.f32 {bias}, [%rd1+{4 * channel}];")
         self.emit(*(f"add.f32 {outputs[e]}, %a{j * vec + e}, {bias};" for e in range(vec)))
-        self.emit(f"@%p3 ld.global{self.suffix}.f32 {as_vector(residual)}, [%rd6+{out}];")
+        self.emit(f"@%p3 ld.global{self.suffix}.f32 {as_vector(residual)}, [%rd2+{out}];")
         self.emit(*(f"@%p3 add.f32 {outputs[e]}, {outputs[e]}, {residual[e]};" for e in range(vec)))
         self.emit(*(f"@%p1 max.f32 {outputs[e]}, {outputs[e]}, 0f00000000;" for e in range(vec)))
-        self.emit(f"st.global{self.suffix}.f32 [%rd7+{out}], {as_vector(outputs)};")
+        self.emit(f"st.global{self.suffix}.f32 [%rd3+{out}], {as_vector(outputs)};")
 
 
 def kernel_ptx(weight: np.ndarray, spec: ConvSpec, bk: int, vec: int, threads: int) -> str:
