@@ -137,20 +137,29 @@ class _Machine:
 
 def run_unrolled_on_cpu(x, weight, spec, config, bias, residual, relu) -> np.ndarray:
     """The kernel's (N, K, P, Q) output for x (N, C, H, W) and weight (K, C, R, S) float32 numpy,
-    bias (K,) or None, residual (N, K, P, Q) or None; NaN where the kernel wrote nothing."""
-    ptx = unrolled_source.kernel_ptx(weight, spec, config.bk, config.vec, config.threads)
+    bias (K,) or None, residual (N, K, P, Q) or None, written in config.out_layout (the residual
+    read in it too); NaN where the kernel wrote nothing."""
+    ptx = unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads)
     n, k, p, q = spec.output_shape
     ph, pw = spec.padding
     padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    batch_inner = config.out_layout == "batch_inner"
+    order = (1, 2, 3, 0) if batch_inner else (0, 1, 2, 3)   # memory order of the output's dims
+    sizes = dict(zip("nkpq", (n, k, p, q)))
+    strides, step = {}, 1
+    for dim in reversed([("n", "k", "p", "q")[i] for i in order]):
+        strides[dim], step = step, step * sizes[dim]
     buffers = {"x": np.ascontiguousarray(padded.transpose(1, 2, 3, 0), dtype=np.float32).ravel(),
                "bias": np.zeros(1, np.float32) if bias is None else np.asarray(bias, np.float32),
                "res": (np.zeros(1, np.float32) if residual is None
-                       else np.ascontiguousarray(residual.transpose(1, 2, 3, 0), dtype=np.float32).ravel()),
+                       else np.ascontiguousarray(residual.transpose(order), dtype=np.float32).ravel()),
                "y": np.full(n * k * p * q, np.nan, dtype=np.float32)}
-    grid_x = -(-(p * q * n // config.vec) // config.threads)
+    grid_x = -(-(p * q * n) // config.threads)
     flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2
     args = {f"p_{name}": np.int64(base) for name, base in _BASES.items()}
-    args["p_flags"] = np.int64(flags)
+    args.update(p_flags=np.int64(flags), p_sn=np.int64(strides["n"]), p_sk=np.int64(strides["k"]),
+                p_sp=np.int64(strides["p"]), p_sq=np.int64(strides["q"]))
     for group in range(-(-k // config.bk)):
         _Machine(ptx, buffers, grid_x, config.threads, group).run(unrolled_source.KERNEL_NAME, args)
-    return buffers["y"].reshape(k, p, q, n).transpose(3, 0, 1, 2)
+    memory_shape = [(n, k, p, q)[i] for i in order]
+    return buffers["y"].reshape(memory_shape).transpose(np.argsort(order))

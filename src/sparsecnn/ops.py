@@ -27,6 +27,10 @@ entry below says otherwise.
         registry: `register_codegen(compiled)` returns an int handle and the op looks it up. A
         handle is valid only in the process that registered it, while its `CompiledConv` is alive
         (the registry holds it weakly; the backend's packed weight keeps it).
+    unrolled_conv2d(x, bias?, residual?, handle, config, relu)
+        a compiled unrolled kernel (kernels/codegen/unrolled.py: one layer's weights as FMA
+        immediates, PTX through ptxas, fp32) registered like codegen's (`register_codegen`), with
+        the fused epilogue; its output is batch-innermost when the config's out_layout says so.
     im2col_csr_conv2d(x, crow_indices, col_indices, values, bias?, kernel_shape, stride, padding,
                       dilation)
         the im2col + cuSPARSE baseline: torch.compile cannot trace sparse tensors, so the CSR
@@ -70,7 +74,7 @@ from .kernels.configs import check_residual
 __all__ = ["blocks_conv2d", "blocks_conv2d_eager", "codegen_conv2d", "codegen_conv2d_eager", "codegen_kernel",
            "config_json", "direct_conv2d", "direct_conv2d_eager", "im2col_csr_conv2d", "im2col_csr_conv2d_eager",
            "cudnn_fused_conv2d", "cudnn_fused_conv2d_eager",
-           "register_codegen", "staged_conv2d", "staged_conv2d_eager"]
+           "register_codegen", "staged_conv2d", "staged_conv2d_eager", "unrolled_conv2d", "unrolled_conv2d_eager"]
 
 
 def config_json(config: Any) -> str:
@@ -212,7 +216,8 @@ _NEXT_HANDLE = itertools.count(1)
 
 
 def register_codegen(compiled) -> int:
-    """The handle of a `kernels.codegen.CompiledConv` (the same handle for the same object).
+    """The handle of a compiled kernel, a `kernels.codegen.CompiledConv` or `CompiledUnrolled` (the
+    same handle for the same object).
 
     The registry holds it weakly: keep `compiled` alive as long as the handle is used.
     """
@@ -253,6 +258,43 @@ codegen_conv2d = custom_op("sparsecnn::codegen_conv2d", codegen_conv2d_eager, mu
 @register_fake("sparsecnn::codegen_conv2d")
 def _codegen_conv2d_fake(x, bias, handle):
     return x.new_empty(_codegen_output(x, handle))
+
+
+# --- unrolled -----------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _unrolled_config(text: str):
+    from .kernels.codegen.unrolled import UnrolledConfig
+
+    return UnrolledConfig.from_dict(json.loads(text))
+
+
+def _unrolled_kernel(x: torch.Tensor, handle: int):
+    compiled = codegen_kernel(handle)
+    if tuple(x.shape) != compiled.spec.input_shape:
+        raise ValueError(f"unrolled kernel {handle} is compiled for {compiled.spec.input_shape} inputs, got "
+                         f"{tuple(x.shape)}")
+    return compiled
+
+
+def unrolled_conv2d_eager(x: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], handle: int,
+                          config: str, relu: bool) -> torch.Tensor:
+    """act(conv(x) + bias + residual) by the unrolled kernel registered under `handle` -> (N, K, P, Q)."""
+    from .kernels.codegen.unrolled import unrolled_conv2d as launch
+
+    return launch(x, _unrolled_kernel(x, handle), bias, residual, relu, _unrolled_config(config))
+
+
+unrolled_conv2d = custom_op("sparsecnn::unrolled_conv2d", unrolled_conv2d_eager, mutates_args=())
+
+
+@register_fake("sparsecnn::unrolled_conv2d")
+def _unrolled_conv2d_fake(x, bias, residual, handle, config, relu):
+    from .kernels.codegen.unrolled import new_output
+
+    compiled = _unrolled_kernel(x, handle)
+    check_residual(residual, compiled.spec.output_shape, x)
+    return new_output(compiled.spec, x, _unrolled_config(config))
 
 
 # --- im2col + CSR SpMM --------------------------------------------------------------------------

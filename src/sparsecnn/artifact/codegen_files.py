@@ -1,4 +1,4 @@
-"""Generated code in an artefact: the PTX and cubins of the model's `codegen` layers.
+"""Generated code in an artefact: the PTX and cubins of the model's `codegen` and `unrolled` layers.
 
 Compiling replays each codegen layer's compile through a disk cache that also writes every file it
 reads or makes into OUT/codegen/, in the layout of `kernels.codegen.toolchain.DiskCache`
@@ -48,6 +48,15 @@ def record_codegen(layer: SparseConv2d, spec: ConvSpec, directory: Path) -> None
     codegen.compile_conv(layer.packed_weight().weight, spec, layer.config, relu=layer.relu_only,
                          has_bias=layer.bias is not None, dtype=layer.weight.dtype,
                          cache=_RecordingCache(directory / CODEGEN_DIR, DiskCache()))
+
+
+def record_unrolled(layer: SparseConv2d, spec: ConvSpec, directory: Path) -> None:
+    """Copy the kernel of one `unrolled` layer for inputs of `spec` into `directory`/codegen (compiled
+    now only if the local cache lacks it)."""
+    from ..kernels.codegen import unrolled
+
+    unrolled.compile_layer(layer.packed_weight().weight, spec, layer.config,
+                           cache=_RecordingCache(directory / CODEGEN_DIR, DiskCache()))
 
 
 def install_codegen(directory: Path, names: Iterable[str]) -> int:

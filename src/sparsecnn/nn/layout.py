@@ -1,4 +1,4 @@
-"""Keep activations batch-innermost between "batch" layers: `direct` "batch" and `staged`.
+"""Keep activations batch-innermost between "batch" layers: `direct` "batch", `staged` and `unrolled`.
 
 Each layer is tuned on an NCHW input and writes NCHW, so a "batch" layer (which reads its input as
 (C, H, W, N)) pays a transpose of its input. When every consumer of a layer's output (as input or
@@ -31,12 +31,15 @@ from .sparse_conv import SparseConv2d
 _LOG = logging.getLogger(__name__)
 
 
+def is_batch_backend(backend: str, config) -> bool:
+    """Whether a layer on `backend` with `config` reads (C, H, W, N) input and can write it: direct
+    "batch", staged or unrolled."""
+    direct_batch = backend == "direct" and getattr(config, "variant", None) == "batch"
+    return direct_batch or backend in ("staged", "unrolled")
+
+
 def _is_batch(layer) -> bool:
-    """A tuned layer that reads (C, H, W, N) input and can write it: direct "batch", or staged."""
-    if not isinstance(layer, SparseConv2d):
-        return False
-    direct_batch = layer.backend == "direct" and getattr(layer.config, "variant", None) == "batch"
-    return direct_batch or layer.backend == "staged"
+    return isinstance(layer, SparseConv2d) and is_batch_backend(layer.backend, layer.config)
 
 
 def is_batch_inner(layer) -> bool:

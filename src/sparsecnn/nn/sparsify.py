@@ -26,7 +26,7 @@ from ..autotune.tuner import finish_deferred
 from ..backends import get_backend
 from ..backends.workers import job_times, reset_job_times
 from ..kernels.reference import relative_error
-from .layout import is_batch_inner, keep_batch_inner_outputs, set_tuning_layout
+from .layout import is_batch_backend, is_batch_inner, keep_batch_inner_outputs, set_tuning_layout
 from .linear import tune_linears
 from .model_check import check_against_dense
 from .sparse_conv import SparseConv2d
@@ -253,7 +253,8 @@ class _LayerTuning:
     pass, `finish_deferred` times such candidates against the choice on that input. Otherwise
     tuning waits at the first layers, reached seconds after their compiles (up to ~30 s each) start.
     Meanwhile such a layer keeps writing NCHW (no batch-innermost tuning layout), the layout its
-    deferred candidates (codegen) write: later layers are tuned on the input they get if one wins.
+    deferred candidates write (codegen's): later layers are tuned on the input they get if one wins.
+    When a deferred candidate is itself a "batch" one (`unrolled`), the tuning layout stays.
     (On the H100, ResNet-50 fp32 deferred with the tuning layout kept three fewer codegen layers: a
     "batch" stand-in's batch-innermost output made the next layers pick "batch" on that input.)
     """
@@ -304,7 +305,7 @@ class _LayerTuning:
         layer._set_backend(result.backend, result.config)
         if result.deferred:
             self._deferred[name] = (arguments, epilogue)
-        else:
+        if not result.deferred or any(is_batch_backend(c.backend, c.config) for c in result.deferred):
             set_tuning_layout(layer)
         _keep_timings(layer, result)
         return result

@@ -1,18 +1,24 @@
 """Unrolled sparse convolution on batch-innermost activations: one layer's weights as FMA immediates
-(paper 002's idea on the layout of the "batch" kernels), fp32, PTX written and compiled by ptxas at run
-time per layer and input shape (`unrolled_source.py`).
+(paper 002's idea on the layout of the "batch" kernels), fp32, PTX written here and compiled by
+ptxas at run time per layer and input shape (`unrolled_source.py`).
 
-Why. The Triton "batch" kernel (`kernels/triton/direct_batch.py`) loads one input vector per
-non-zero: L2-bound at ~12 FMAs per clock per SM on ResNet-50's 14x14 and 7x7 layers. `staged`
-reads one shared-memory vector per non-zero. Here a thread keeps `bk` output channels' accumulators
-and, per input column (c, r, s) of its group, loads its `vec` images once and applies every
-non-zero of that column in the group: at 90% sparsity and bk = 32 about 3 FMAs per load, with no
-index or weight loads (they are code). The price is code: one FMA instruction per non-zero and
-image, compiled per layer (ptxas, seconds; cached on disk by PTX).
+Why. The Triton "batch" kernel (`kernels/triton/direct_batch.py`) loads one input per non-zero and
+image: L2-bound at ~12 FMAs per clock per SM on ResNet-50's 14x14 and 7x7 layers; `staged` reads
+one shared-memory value per non-zero and image. Here a thread keeps `bk` output channels'
+accumulators and, per input column (c, r, s) of its group, loads its input once and applies every
+non-zero of that column in the group: at 90% sparsity and bk = 32 about 3 FMAs per load, and no
+index or weight is loaded (they are code). The price is code: one FMA instruction per non-zero,
+compiled per layer (ptxas: about 0.15-0.3 ms per non-zero, so 2-40 s for ResNet-50's layers; cached
+on disk by PTX).
 
-Layout. Input (N, C, H, W) read batch-innermost as (C, H + 2 ph, W + 2 pw, N), N a multiple of
-vec (a batch-innermost input without padding in place, anything else packed first); output and
-residual batch-innermost (vector stores).
+Measured (H100, ResNet-50 DLMC 0.9, N=32, fp32, batch-innermost input and output, over `direct`
+"batch" in the same run, `benchmarks/results/2026-11-23-h100-s16-unrolled-probe-d3c6c32.jsonl`):
+1.3-2.4x on the 28x28, 14x14 and 7x7 layers but two (1.03x on layer3.1.conv3, whose 1x1
+expansion is bound by its output and residual traffic), 0.92x on a 56x56 1x1 layer.
+
+Layout. Input (N, C, H, W) read batch-innermost as (C, H + 2 ph, W + 2 pw, N) (a batch-innermost
+input without padding in place, anything else packed first); output (N, K, P, Q) at any strides
+(config.out_layout for a new one), residual at the output's strides.
 """
 from __future__ import annotations
 
@@ -24,67 +30,65 @@ from typing import Dict, List, Optional
 import torch
 
 from ...layers import ConvSpec
-from ..batch_inner import batch_inner_view, is_batch_inner
+from ..batch_inner import batch_inner_view
 from ..configs import check_residual, check_triton_input, config_from_dict
 from ..triton.direct_batch import padded_batch_inner
 from . import toolchain
 from .toolchain import DiskCache
 from .unrolled_source import KERNEL_NAME, kernel_ptx
 
-_MAX_ACCUMULATORS = 128   # floats per thread; beyond this they spill
 _MAX_GRID_Y = 65535
-MAX_KERNEL_FMAS = 400_000  # FMA instructions per layer (non-zeros x vec): bounds compile time and code size
+MAX_KERNEL_FMAS = 120_000  # non-zeros per layer: bounds compile time (~20-40 s of ptxas) and code size
+OUT_LAYOUTS = ("nchw", "batch_inner")
+BK_CHOICES = (32, 16, 8)
+MIN_THREADS_PER_COLUMN = 85   # `auto_config`: threads per input column (C*R*S) a group walks
 
 
 @dataclasses.dataclass(frozen=True)
 class UnrolledConfig:
-    """bk: output channels per thread (1..128); vec: consecutive images per thread (1, 2 or 4: the
-    width of each load and store); threads: threads per block (a multiple of 32, at most 1024).
-    Each thread keeps bk x vec accumulators (at most 128)."""
+    """bk: output channels per thread (1..128: its accumulators); threads: threads per block (a
+    multiple of 32, at most 1024); out_layout: the layout of a new output, "nchw" (contiguous) or
+    "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N)); not tuned: `nn.layout` sets it."""
 
     bk: int = 32
-    vec: int = 1
     threads: int = 128
+    out_layout: str = "nchw"
 
     def __post_init__(self):
-        for name in ("bk", "vec", "threads"):
+        for name in ("bk", "threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"UnrolledConfig.{name} must be a positive int, got {value!r}")
-        if self.vec not in (1, 2, 4):
-            raise ValueError(f"UnrolledConfig.vec must be 1, 2 or 4, got {self.vec}")
+        if self.bk > 128:
+            raise ValueError(f"UnrolledConfig.bk must be at most 128 (accumulators per thread), got {self.bk}")
         if self.threads % 32 or self.threads > 1024:
             raise ValueError(f"UnrolledConfig.threads must be a multiple of 32 and <= 1024, got {self.threads}")
-        if self.bk * self.vec > _MAX_ACCUMULATORS:
-            raise ValueError(f"UnrolledConfig.bk * vec = {self.bk * self.vec} accumulators per thread, over "
-                             f"{_MAX_ACCUMULATORS}")
+        if self.out_layout not in OUT_LAYOUTS:
+            raise ValueError(f"UnrolledConfig.out_layout must be one of {OUT_LAYOUTS}, got {self.out_layout!r}")
 
     @classmethod
     def from_dict(cls, saved: dict) -> "UnrolledConfig":
         return config_from_dict(cls, saved)
 
 
-CANDIDATES = (UnrolledConfig(32, 1, 128), UnrolledConfig(64, 1, 128), UnrolledConfig(16, 2, 128),
-              UnrolledConfig(32, 2, 64), UnrolledConfig(16, 4, 64))
+CANDIDATES = tuple(UnrolledConfig(bk, threads) for bk in BK_CHOICES for threads in (128, 64))
 
 
 def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
     """ValueError unless the kernel runs this layer with `config` (nnz: the weight's non-zeros)."""
     if spec.groups != 1 or spec.dilation != (1, 1):
         raise ValueError("the unrolled kernel runs groups=1, dilation=1 only")
-    if spec.N % config.vec:
-        raise ValueError(f"batch {spec.N} is not a multiple of UnrolledConfig.vec={config.vec}")
     if -(-spec.K // config.bk) > _MAX_GRID_Y:
         raise ValueError(f"{spec.K} channels in groups of {config.bk} exceed the grid's {_MAX_GRID_Y} rows")
-    if spec.C * spec.H * spec.W * spec.N >= 2 ** 31 or spec.K * spec.P * spec.Q * spec.N >= 2 ** 31:
-        raise ValueError("the unrolled kernel indexes with 32-bit ints: input or output too large")
-    if nnz * config.vec > MAX_KERNEL_FMAS:
-        raise ValueError(f"{nnz} non-zeros x vec {config.vec} = {nnz * config.vec} FMAs exceed the unrolled "
-                         f"kernel's {MAX_KERNEL_FMAS}")
+    padded = spec.C * (spec.H + 2 * spec.padding[0]) * (spec.W + 2 * spec.padding[1]) * spec.N
+    if 4 * padded >= 2 ** 31 or 4 * spec.K * spec.P * spec.Q * spec.N >= 2 ** 31:
+        raise ValueError("the unrolled kernel addresses input and output with 32-bit byte offsets: layer too large")
+    if nnz > MAX_KERNEL_FMAS:
+        raise ValueError(f"{nnz} non-zeros exceed the unrolled kernel's {MAX_KERNEL_FMAS} (compile time)")
 
 
 def candidate_configs(spec: ConvSpec, nnz: int) -> List[UnrolledConfig]:
-    """The configs the autotuner tries on this layer (those `check_layer` accepts)."""
+    """The configs a user may pick for this layer (those `check_layer` accepts)."""
     fitting = []
     for config in CANDIDATES:
         try:
@@ -95,9 +99,23 @@ def candidate_configs(spec: ConvSpec, nnz: int) -> List[UnrolledConfig]:
     return fitting
 
 
+def auto_config(spec: ConvSpec) -> UnrolledConfig:
+    """One config per layer, as each costs a compile: the largest bk of BK_CHOICES that leaves at
+    least MIN_THREADS_PER_COLUMN threads per input column (C*R*S) a group walks through, 128 threads
+    per block. More channels per thread mean fewer loads per FMA, but fewer threads, each walking
+    all the columns. On the H100 probe (`...-s16-unrolled-probe-d3c6c32.jsonl`, 13 ResNet-50 layers)
+    this rule picks the fastest of bk 8, 16, 32 on 10 layers and one within 8% of it on 3."""
+    threads = spec.P * spec.Q * spec.N
+    for bk in BK_CHOICES:
+        if threads * -(-spec.K // bk) >= MIN_THREADS_PER_COLUMN * spec.C * spec.R * spec.S:
+            return UnrolledConfig(bk, 128)
+    return UnrolledConfig(BK_CHOICES[-1], 128)
+
+
 @dataclasses.dataclass
 class CompiledUnrolled:
-    """One layer's kernel: its cubin (loaded per device on first use), geometry and compile cost."""
+    """One layer's kernel at one input shape: its cubin (loaded per device on first use), the
+    layer and config it runs, and what compiling it cost (registers -1: taken from the cache)."""
 
     cubin: bytes
     spec: ConvSpec
@@ -119,13 +137,16 @@ class CompiledUnrolled:
             return self._kernels[device_index]
 
 
-def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig) -> CompiledUnrolled:
+def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
+                  cache: Optional[DiskCache] = None) -> CompiledUnrolled:
     """The kernel of this layer (weight (K, C, R, S), zeros pruned, exact in float32) at spec's input
-    shape: its cubin from the disk cache (keyed by source and toolchain) or nvcc/ptxas."""
+    shape: its cubin from `cache` (default: the codegen disk cache; keyed by PTX and toolchain) or
+    ptxas. The output layout is not compiled in (the launcher passes strides)."""
+    weight = weight.detach().to("cpu", torch.float32)
     check_layer(spec, config, int(torch.count_nonzero(weight)))
     start = time.perf_counter()
-    ptx = kernel_ptx(weight.detach().to("cpu", torch.float32).numpy(), spec, config.bk, config.vec, config.threads)
-    cache = DiskCache()
+    ptx = kernel_ptx(weight.numpy(), spec, config.bk, config.threads)
+    cache = cache or DiskCache()
     key = toolchain.cache_key("unrolled", ptx, toolchain.toolchain_id())
     cubin = cache.get(key, "cubin")
     registers = spills = -1
@@ -139,21 +160,24 @@ def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig) 
     return CompiledUnrolled(cubin, spec, config, time.perf_counter() - start, registers, spills)
 
 
-def _epilogue_flags(relu: bool, has_bias: bool, has_residual: bool) -> int:
-    return int(relu) | int(has_bias) << 1 | int(has_residual) << 2
+def new_output(spec: ConvSpec, x: torch.Tensor, config: UnrolledConfig) -> torch.Tensor:
+    """An uninitialised (N, K, P, Q) float32 output in config.out_layout."""
+    if config.out_layout == "batch_inner":
+        return batch_inner_view(spec.output_shape, x.dtype, x.device)
+    return torch.empty(spec.output_shape, dtype=x.dtype, device=x.device)
 
 
 def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[torch.Tensor] = None,
-                    residual: Optional[torch.Tensor] = None, relu: bool = False,
+                    residual: Optional[torch.Tensor] = None, relu: bool = False, config: Optional[UnrolledConfig] = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """act(conv(x) + bias + residual) for the layer `compiled` was built for.
 
-    x: (N, C, H, W) float32 CUDA of that layer's input shape, any strides (batch-innermost without
-    padding is read in place, anything else packed zero-padded first); bias: (K,) float32 or None; residual: (N, K, P, Q) or None (copied to the output's
-    layout when it is not batch-innermost); out: a batch-innermost (N, K, P, Q) float32 tensor
-    (default: new). Returns out.
+    x: (N, C, H, W) float32 CUDA of that layer's input shape, any strides; bias: (K,) float32 or
+    None; residual: (N, K, P, Q) or None (copied when its strides differ from the output's);
+    config: the layout of a new output (default: compiled.config's); out: an (N, K, P, Q) float32
+    tensor with any strides (default: new). Returns out.
     """
-    spec, config = compiled.spec, compiled.config
+    spec = compiled.spec
     check_triton_input(x, "unrolled", (torch.float32,))
     if not x.is_cuda:
         raise ValueError(f"x must be on CUDA for the unrolled kernel, got {x.device}")
@@ -164,25 +188,23 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
         raise ValueError(f"bias must be a float32 ({spec.K},) tensor on {x.device}, got {bias.dtype} "
                          f"{tuple(bias.shape)} on {bias.device}")
     if out is None:
-        out = batch_inner_view(spec.output_shape, x.dtype, x.device)
-    elif (tuple(out.shape) != spec.output_shape or out.dtype != torch.float32 or not is_batch_inner(out)
-          or out.device != x.device or out.data_ptr() % (4 * config.vec)):
-        raise ValueError(f"out must be a batch-innermost float32 {spec.output_shape} tensor on {x.device}, "
-                         f"{4 * config.vec}-byte aligned, got {out.dtype} {tuple(out.shape)} with strides "
-                         f"{out.stride()} on {out.device}")
+        out = new_output(spec, x, config or compiled.config)
+    elif tuple(out.shape) != spec.output_shape or out.dtype != torch.float32 or out.device != x.device:
+        raise ValueError(f"out must be a float32 {spec.output_shape} tensor on {x.device}, got {out.dtype} "
+                         f"{tuple(out.shape)} on {out.device}")
+    if spec.N == 0:
+        return out
     if residual is not None and residual.stride() != out.stride():
         residual = torch.empty_like(out).copy_(residual)
     one_by_one = spec.R == 1 and spec.S == 1
     xt = padded_batch_inner(x, *spec.padding, step=spec.stride if one_by_one else (1, 1))
-    if xt.data_ptr() % (4 * config.vec):   # vector loads need vec-float alignment
-        xt = xt.clone()
     bias = None if bias is None else bias.contiguous()
-    positions = spec.P * spec.Q * spec.N // config.vec
-    grid = (-(-positions // config.threads), -(-spec.K // config.bk), 1)
+    grid = (-(-(spec.P * spec.Q * spec.N) // compiled.config.threads), -(-spec.K // compiled.config.bk), 1)
     pointers = (xt.data_ptr(), bias.data_ptr() if bias is not None else 0,
                 residual.data_ptr() if residual is not None else 0, out.data_ptr())
-    flags = _epilogue_flags(relu, bias is not None, residual is not None)
+    flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2
     stream = torch.cuda.current_stream(x.device).cuda_stream
     with torch.cuda.device(x.device):
-        compiled.kernel(x.device.index).launch(grid, (config.threads, 1, 1), pointers, (flags,), stream)
+        compiled.kernel(x.device.index).launch(grid, (compiled.config.threads, 1, 1), pointers,
+                                               (flags, *out.stride()), stream)
     return out

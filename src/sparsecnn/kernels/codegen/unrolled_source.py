@@ -1,11 +1,11 @@
 """PTX of the unrolled batch-innermost kernel (`unrolled.py`): one layer's weights as immediates.
 
-One thread owns `vec` consecutive images of one output pixel (batch-innermost: (C, H, W, N) in
-memory, so they are contiguous) and the output channels of one group (at most `bk`); a block of
-`threads` threads owns consecutive (pixel, image) positions, blockIdx.y the group. Per group, for
-every input column (c, r, s) holding a non-zero in one of the group's channels, in (c, r, s) order:
-one load of the thread's `vec` inputs, then one FMA per non-zero and image with the weight as an
-immediate. A loaded input feeds every non-zero of its column in the group (at 90% sparsity and
+One thread owns one (output pixel, image) position and the output channels of one group (at
+most `bk`); a block of `threads` threads owns consecutive positions in batch-innermost order
+(pixel-major, image fastest: a warp's loads are 128 contiguous bytes when N >= 32), blockIdx.y
+the group. Per group, for every input column (c, r, s) holding a non-zero in one of the group's
+channels, in (c, r, s) order: one load of the thread's input, then one FMA per non-zero with the
+weight as an immediate. A loaded input feeds every non-zero of its column in the group (at 90% sparsity and
 bk = 32 about 3 FMAs per load, against one for the Triton "batch" kernel), and no index or weight
 is loaded. The input is read zero-padded ((C, H + 2 ph, W + 2 pw, N), packed by the launcher), so
 no load is predicated: with a predicate per tap, ptxas took 4-5x longer (42 against 9 s on a 3x3
@@ -20,9 +20,12 @@ Groups: channels dealt by decreasing non-zero count in snake order (`channel_gro
 of different groups carry about the same work; a channel's place in its group is free (its
 output offset is an immediate).
 
-Epilogue per channel: act(acc + bias + residual), stored batch-innermost; `flags` (bit 0 ReLU, 1
-bias, 2 residual) chooses per launch, so one compile serves every epilogue.
-Kernel parameters: (u64 x, u64 bias, u64 res, u64 y, u32 flags).
+Epilogue per channel: act(acc + bias + residual), stored at the output's strides (batch-innermost
+or NCHW, the residual at the same strides); `flags` (bit 0 ReLU, 1 bias, 2 residual) chooses per
+launch, so one compile serves every epilogue and layout. Two images per thread (64-bit loads,
+twice the accumulators) was never the fastest config of a layer and compiled 5-15x longer (`benchmarks/results/2026-11-23-h100-s16-unrolled-probe-691880e.jsonl`).
+Kernel parameters: (u64 x, u64 bias, u64 res, u64 y, u32 flags, u32 sn, sk, sp, sq), the strides
+in elements of the (N, K, P, Q) output.
 """
 from __future__ import annotations
 
@@ -89,11 +92,8 @@ def f32_hex(value: float) -> str:
 
 
 class _Writer:
-    def __init__(self, weight: np.ndarray, spec: ConvSpec, bk: int, vec: int, threads: int):
-        self.weight, self.spec, self.bk, self.vec, self.threads = weight, spec, bk, vec, threads
-        self.n = spec.N
-        self.pqn = spec.P * spec.Q * spec.N
-        self.suffix = "" if vec == 1 else f".v{vec}"
+    def __init__(self, weight: np.ndarray, spec: ConvSpec, bk: int, threads: int):
+        self.weight, self.spec, self.bk, self.threads = weight, spec, bk, threads
         self.lines: List[str] = []
 
     def emit(self, *lines: str) -> None:
@@ -105,29 +105,31 @@ class _Writer:
         for index, group in enumerate(groups):
             self._group_function(index, group)
         self.emit(f".visible .entry {KERNEL_NAME}(.param .u64 p_x, .param .u64 p_bias, .param .u64 p_res, "
-                  ".param .u64 p_y, .param .u32 p_flags)",
+                  ".param .u64 p_y, .param .u32 p_flags, .param .u32 p_sn, .param .u32 p_sk, .param .u32 p_sp, "
+                  ".param .u32 p_sq)",
                   f".maxntid {self.threads}, 1, 1", "{", ".reg .pred %p<2>; .reg .b32 %r<24>; .reg .b64 %rd<12>;")
         self._prologue()
         targets = ", ".join(f"$G{index}" for index in range(len(groups)))
         self.emit(f"$TABLE: .branchtargets {targets};", "mov.u32 %r20, %ctaid.y;", "brx.idx %r20, $TABLE;")
         for index in range(len(groups)):
-            self.emit(f"$G{index}:", f"call.uni group{index}, (%rd4, %rd1, %rd6, %rd7, %r0);",
+            self.emit(f"$G{index}:", f"call.uni group{index}, (%rd4, %rd1, %rd6, %rd7, %r0, %r13);",
                       "bra.uni $DONE;")
         self.emit("$DONE:", "ret;", "}")
         return "\n".join(self.lines) + "\n"
 
     def _prologue(self) -> None:
-        """m (first position), window origin in the padded input, and the pointers each group takes:
-        x at the origin (%rd4), bias (%rd1), residual and output at m (%rd6, %rd7)."""
-        spec, n = self.spec, self.n
+        """m (the thread's (pixel, image) position), the window origin in the padded input, and what
+        each group takes: x at the origin (%rd4), bias (%rd1), residual and output at the position
+        (%rd6, %rd7: strides sn, sp, sq in elements) and the channel stride sk (%r13)."""
+        spec, n = self.spec, self.spec.N
         sh, sw = spec.stride
         for index, name in enumerate(("x", "bias", "res", "y")):
             self.emit(f"ld.param.u64 %rd{index}, [p_{name}];", f"cvta.to.global.u64 %rd{index}, %rd{index};")
-        self.emit("ld.param.u32 %r0, [p_flags];",
+        self.emit("ld.param.u32 %r0, [p_flags];", "ld.param.u32 %r12, [p_sn];", "ld.param.u32 %r13, [p_sk];",
+                  "ld.param.u32 %r14, [p_sp];", "ld.param.u32 %r15, [p_sq];",
                   "mov.u32 %r1, %ctaid.x;", "mov.u32 %r2, %tid.x;",
-                  f"mad.lo.s32 %r3, %r1, {self.threads}, %r2;",
-                  f"mul.lo.s32 %r4, %r3, {self.vec};",
-                  f"setp.ge.s32 %p0, %r4, {self.pqn};", "@%p0 bra $DONE;",
+                  f"mad.lo.s32 %r4, %r1, {self.threads}, %r2;",
+                  f"setp.ge.s32 %p0, %r4, {spec.P * spec.Q * n};", "@%p0 bra $DONE;",
                   f"div.s32 %r5, %r4, {n};", f"mul.lo.s32 %r6, %r5, {n};", "sub.s32 %r6, %r4, %r6;",  # pix, img
                   f"div.s32 %r7, %r5, {spec.Q};", f"mul.lo.s32 %r8, %r7, {spec.Q};", "sub.s32 %r8, %r5, %r8;",  # p, q
                   f"mul.lo.s32 %r9, %r7, {sh};", f"mul.lo.s32 %r10, %r8, {sw};",
@@ -135,59 +137,41 @@ class _Writer:
                   f"mad.lo.s32 %r11, %r10, {n}, %r11;",
                   "add.s32 %r11, %r11, %r6;",
                   "mul.wide.s32 %rd4, %r11, 4;", "add.s64 %rd4, %rd0, %rd4;",
-                  "mul.wide.s32 %rd5, %r4, 4;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;")
+                  "mul.lo.s32 %r16, %r6, %r12;", "mad.lo.s32 %r16, %r7, %r14, %r16;", "mad.lo.s32 %r16, %r8, %r15, %r16;",
+                  "mul.wide.s32 %rd5, %r16, 4;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;")
 
     def _group_function(self, index: int, group: Sequence[int]) -> None:
-        """One group as a function of its own: ptxas then allocates registers per group, and its time
-        grows about linearly with the layer (one function of every group took up to 8 minutes)."""
-        spec, vec = self.spec, self.vec
+        """One group as a function of its own (ptxas allocates its registers on its own)."""
         self.emit(f".func group{index}(.param .u64 xb, .param .u64 bias, .param .u64 resm, .param .u64 ym, "
-                  ".param .u32 flags)", "{",
-                  ".reg .pred %p<4>; .reg .b32 %r<4>; .reg .b64 %rd<4>;",
-                  f".reg .f32 %v<{_LOAD_REGISTERS * vec}>; .reg .f32 %a<{max(1, len(group) * vec)}>; "
-                  f".reg .f32 %o<{2 * vec + 1}>;",
+                  ".param .u32 flags, .param .u32 sk)", "{",
+                  ".reg .pred %p<4>; .reg .b32 %r<4>; .reg .b64 %rd<6>;",
+                  f".reg .f32 %v<{_LOAD_REGISTERS}>; .reg .f32 %a<{max(1, len(group))}>; .reg .f32 %o<3>;",
                   "ld.param.u64 %rd0, [xb];", "ld.param.u64 %rd1, [bias];", "ld.param.u64 %rd2, [resm];",
-                  "ld.param.u64 %rd3, [ym];", "ld.param.u32 %r0, [flags];",
+                  "ld.param.u64 %rd3, [ym];", "ld.param.u32 %r0, [flags];", "ld.param.u32 %r1, [sk];",
                   "and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
                   "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
                   "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;")
-        self._group(group)
-        self.emit("ret;", "}", "")
-
-    def _vector(self, first: int) -> str:
-        names = [f"%v{first + e}" for e in range(self.vec)]
-        return names[0] if self.vec == 1 else "{" + ", ".join(names) + "}"
-
-    def _group(self, group: Sequence[int]) -> None:
-        vec = self.vec
-        self.emit(*(f"mov.f32 %a{slot}, 0f00000000;" for slot in range(len(group) * vec)))
-        for index, column in enumerate(group_columns(self.weight, group, self.spec)):
-            first = (index % _LOAD_REGISTERS) * vec
-            self.emit(f"ld.global.nc{self.suffix}.f32 {self._vector(first)}, [%rd0+{4 * column.offset}];")
-            for j, value in column.terms:
-                immediate = f32_hex(value)
-                self.emit(*(f"fma.rn.f32 %a{j * vec + e}, %v{first + e}, {immediate}, %a{j * vec + e};"
-                            for e in range(vec)))
+        self.emit(*(f"mov.f32 %a{slot}, 0f00000000;" for slot in range(len(group))))
+        for position, column in enumerate(group_columns(self.weight, group, self.spec)):
+            register = f"%v{position % _LOAD_REGISTERS}"
+            self.emit(f"ld.global.nc.f32 {register}, [%rd0+{4 * column.offset}];")
+            self.emit(*(f"fma.rn.f32 %a{j}, {register}, {f32_hex(value)}, %a{j};" for j, value in column.terms))
         for j, channel in enumerate(group):
             self._store(j, channel)
+        self.emit("ret;", "}", "")
 
     def _store(self, j: int, channel: int) -> None:
-        vec, out = self.vec, 4 * channel * self.pqn
-        outputs = [f"%o{e}" for e in range(vec)]
-        residual = [f"%o{vec + e}" for e in range(vec)]
-        bias = f"%o{2 * vec}"
-        as_vector = (lambda names: names[0] if vec == 1 else "{" + ", ".join(names) + "}")
-        self.emit(f"mov.f32 {bias}, 0f00000000;", f"@%p2 ld.global.nc.f32 {bias}, [%rd1+{4 * channel}];")
-        self.emit(*(f"add.f32 {outputs[e]}, %a{j * vec + e}, {bias};" for e in range(vec)))
-        self.emit(f"@%p3 ld.global{self.suffix}.f32 {as_vector(residual)}, [%rd2+{out}];")
-        self.emit(*(f"@%p3 add.f32 {outputs[e]}, {outputs[e]}, {residual[e]};" for e in range(vec)))
-        self.emit(*(f"@%p1 max.f32 {outputs[e]}, {outputs[e]}, 0f00000000;" for e in range(vec)))
-        self.emit(f"st.global{self.suffix}.f32 [%rd3+{out}], {as_vector(outputs)};")
+        """act(acc + bias + residual) of channel `channel` at the thread's position."""
+        self.emit(f"mul.wide.s32 %rd4, %r1, {4 * channel};", "add.s64 %rd5, %rd3, %rd4;",
+                  "mov.f32 %o1, 0f00000000;", f"@%p2 ld.global.nc.f32 %o1, [%rd1+{4 * channel}];",
+                  f"add.f32 %o0, %a{j}, %o1;",
+                  "add.s64 %rd4, %rd2, %rd4;", "@%p3 ld.global.f32 %o2, [%rd4+0];", "@%p3 add.f32 %o0, %o0, %o2;",
+                  "@%p1 max.f32 %o0, %o0, 0f00000000;", "st.global.f32 [%rd5+0], %o0;")
 
 
-def kernel_ptx(weight: np.ndarray, spec: ConvSpec, bk: int, vec: int, threads: int) -> str:
+def kernel_ptx(weight: np.ndarray, spec: ConvSpec, bk: int, threads: int) -> str:
     """PTX of the kernel for one layer: weight (K, C, R, S) float32 (zeros pruned), spec the layer at
-    its input shape (batch N a multiple of vec)."""
+    its input shape."""
     if tuple(weight.shape) != spec.weight_shape:
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match the layer's {spec.weight_shape}")
-    return _Writer(np.ascontiguousarray(weight, dtype=np.float32), spec, bk, vec, threads).source()
+    return _Writer(np.ascontiguousarray(weight, dtype=np.float32), spec, bk, threads).source()

@@ -1,0 +1,221 @@
+"""The unrolled kernel (`kernels/codegen/unrolled.py`: a layer's weights as FMA immediates in PTX) and
+its backend.
+
+CPU: config validation, the channel groups, the auto config rule, the PTX run by a small
+interpreter (`unrolled_helpers.py`) on odd shapes for every candidate config, both output layouts,
+with and without bias, residual and ReLU, and every candidate compiled by ptxas without spills
+(needs the CUDA toolkit). GPU (`gpu` marker): the same cases against the fp64 reference, the op's
+opcheck, CUDA graphs, and a SparseConv2d on the backend.
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from codegen_helpers import needs_tools
+from conftest import needs_cuda
+from sparsecnn.backends import get_backend
+from sparsecnn.kernels.codegen import toolchain, unrolled, unrolled_source
+from sparsecnn.kernels.reference import reference_conv, relative_error
+from sparsecnn.layers import ConvSpec
+from unrolled_helpers import run_unrolled_on_cpu
+
+gpu = pytest.mark.gpu
+ODD_SHAPES = [  # (N, C, K, H, W, R, stride, padding): the issue's odd cases
+    (3, 3, 33, 13, 13, 3, 1, 1),
+    (1, 5, 33, 13, 11, 3, 2, 0),
+    (4, 4, 9, 7, 7, 1, 1, 0),
+    (2, 6, 17, 13, 13, 5, 2, 2),
+    (3, 7, 12, 9, 9, 7, 1, 3),
+    (2, 16, 40, 8, 8, 1, 2, 0),
+]
+
+
+def _spec(n, c, k, h, w, r, stride, padding):
+    return ConvSpec(n, c, k, h, w, r, r, (stride, stride), (padding, padding))
+
+
+def _weight(spec, sparsity=0.7, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(spec.weight_shape, generator=generator)
+    weight *= torch.rand(spec.weight_shape, generator=generator) >= sparsity
+    weight[min(7, spec.K - 1)] = 0   # one channel fully pruned: its output is the bias alone
+    return weight
+
+
+def _reference(x, weight, bias, residual, relu, spec):
+    ref = reference_conv(x, weight, bias, stride=spec.stride, padding=spec.padding, fp64=True)
+    ref = ref + residual.double() if residual is not None else ref
+    return ref.relu() if relu else ref
+
+
+# --- config, groups, PTX (CPU) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields, name", [
+    (dict(bk=0), "bk"), (dict(bk=129), "bk"), (dict(threads=48), "threads"), (dict(threads=2048), "threads"),
+    (dict(bk=1.5), "bk"), (dict(out_layout="nhwc"), "out_layout")])
+def test_config_validation_names_the_field(fields, name):
+    with pytest.raises(ValueError, match=name):
+        unrolled.UnrolledConfig(**fields)
+
+
+def test_config_round_trips_through_dict():
+    config = unrolled.UnrolledConfig(16, 64, "batch_inner")
+    assert unrolled.UnrolledConfig.from_dict(dataclasses.asdict(config)) == config
+
+
+def test_groups_partition_the_channels_and_balance_their_non_zeros():
+    weight = np.zeros((40, 8, 3, 3), np.float32)
+    for k in range(40):
+        weight[k].flat[: (k * 7) % 61] = 1.0
+    groups = unrolled_source.channel_groups(weight, 8)
+    assert sorted(k for group in groups for k in group) == list(range(40))
+    assert all(len(group) <= 8 for group in groups) and len(groups) == 5
+    work = [int(np.count_nonzero(weight[group])) for group in groups]
+    assert max(work) - min(work) <= max(np.count_nonzero(weight.reshape(40, -1), axis=1))
+
+
+def test_columns_list_each_non_zero_once_at_its_padded_offset():
+    spec = _spec(2, 3, 5, 6, 7, 3, 1, 1)
+    weight = _weight(spec).numpy()
+    group = [0, 2, 4]
+    columns = unrolled_source.group_columns(weight, group, spec)
+    assert sum(len(column.terms) for column in columns) == np.count_nonzero(weight[group])
+    for column in columns:
+        assert column.offset == column.c * 8 * 9 * 2 + column.r * 9 * 2 + column.s * 2
+        for j, value in column.terms:
+            assert weight[group[j], column.c, column.r, column.s] == np.float32(value) != 0
+
+
+def test_weights_become_exact_immediates():
+    assert unrolled_source.f32_hex(1.0) == "0f3F800000"
+    assert unrolled_source.f32_hex(float(np.float32(-0.1))) == "0fBDCCCCCD"
+    with pytest.raises(ValueError, match="finite"):
+        unrolled_source.f32_hex(float("inf"))
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES)
+def test_every_candidate_computes_the_convolution_on_the_cpu(shape):
+    spec = _spec(*shape)
+    weight = _weight(spec)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(spec.input_shape, generator=generator)
+    bias = torch.randn(spec.K, generator=generator)
+    residual = torch.randn(spec.output_shape, generator=generator)
+    for index, config in enumerate(unrolled.candidate_configs(spec, int(weight.count_nonzero()))):
+        layout = unrolled.OUT_LAYOUTS[index % 2]
+        config = dataclasses.replace(config, out_layout=layout)
+        with_epilogue = index % 2 == 0
+        args = (bias, residual, True) if with_epilogue else (None, None, False)
+        y = run_unrolled_on_cpu(x.numpy(), weight.numpy(), spec, config,
+                                *(None if a is None else (a.numpy() if isinstance(a, torch.Tensor) else a)
+                                  for a in args))
+        assert not np.isnan(y).any(), config
+        assert relative_error(torch.from_numpy(y), _reference(x, weight, *args, spec)) < 1e-6, config
+
+
+def test_auto_config_keeps_enough_threads_per_column():
+    assert unrolled.auto_config(_spec(32, 512, 128, 28, 28, 1, 1, 0)).bk == 32    # layer2 1x1: 25088 positions
+    assert unrolled.auto_config(_spec(32, 1024, 256, 14, 14, 1, 1, 0)).bk == 16   # layer3 1x1
+    assert unrolled.auto_config(_spec(32, 256, 256, 14, 14, 3, 1, 1)).bk == 8     # layer3 3x3
+    assert unrolled.auto_config(_spec(32, 512, 2048, 7, 7, 1, 1, 0)).bk == 32     # layer4 expansion
+    assert unrolled.auto_config(_spec(1, 512, 512, 7, 7, 3, 1, 1)).bk == 8        # too few threads at all
+
+
+def test_layers_the_kernel_cannot_take_are_refused_with_the_reason():
+    spec = _spec(32, 64, 64, 14, 14, 3, 1, 1)
+    with pytest.raises(ValueError, match="non-zeros"):
+        unrolled.check_layer(spec, unrolled.UnrolledConfig(), nnz=unrolled.MAX_KERNEL_FMAS + 1)
+    with pytest.raises(ValueError, match="groups"):
+        unrolled.check_layer(dataclasses.replace(spec, groups=2), unrolled.UnrolledConfig())
+    with pytest.raises(ValueError, match="32-bit"):
+        unrolled.check_layer(_spec(512, 256, 256, 64, 64, 3, 1, 1), unrolled.UnrolledConfig())
+
+
+@needs_tools
+def test_every_candidate_compiles_without_spills():
+    spec = _spec(32, 64, 96, 14, 14, 3, 1, 1)
+    weight = _weight(spec, 0.9).numpy()
+    for config in unrolled.CANDIDATES:
+        _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads))
+        assert info.spill_stores == 0 and info.spill_loads == 0, (config, info)
+
+
+def test_backend_declares_what_it_runs():
+    backend = get_backend("unrolled")
+    spec = _spec(32, 256, 256, 14, 14, 3, 1, 1)
+    assert dict(backend.dtypes) == {"cuda": (torch.float32,)}
+    assert backend.unsupported_reason(spec, torch.float32, "cuda") is None
+    assert "cpu" in backend.unsupported_reason(spec, torch.float32, "cpu")
+    assert "float16" in backend.unsupported_reason(spec, torch.float16, "cuda")
+    assert "dilation" in backend.unsupported_reason(dataclasses.replace(spec, dilation=(2, 2)), torch.float32, "cuda")
+    assert backend.configs(spec, torch.float32) == list(unrolled.CANDIDATES)
+    assert backend.auto_configs(spec, torch.float32) == [unrolled.auto_config(spec)]
+    assert backend.auto_configs(_spec(32, 64, 64, 56, 56, 3, 1, 1), torch.float32) == []   # 56x56: not measured
+    assert backend.auto_configs(spec.with_batch(1), torch.float32) == []
+
+
+# --- GPU -------------------------------------------------------------------------------------------
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("shape", ODD_SHAPES + [(32, 64, 64, 28, 28, 3, 1, 1), (32, 256, 64, 14, 14, 1, 1, 0)])
+def test_matches_the_fp64_reference_for_every_config(shape):
+    spec = _spec(*shape)
+    weight = _weight(spec, 0.9)
+    x = torch.randn(spec.input_shape, device="cuda")
+    bias = torch.randn(spec.K, device="cuda")
+    for config in unrolled.candidate_configs(spec, int(weight.count_nonzero())):
+        compiled = unrolled.compile_layer(weight, spec, config)
+        for out_layout in unrolled.OUT_LAYOUTS:
+            config = dataclasses.replace(config, out_layout=out_layout)
+            residual = unrolled.new_output(spec, x, config).copy_(torch.randn(spec.output_shape))
+            torch.empty(4 * residual.numel(), device="cuda").fill_(float("nan"))   # poison the allocator's memory
+            y = unrolled.unrolled_conv2d(x, compiled, bias, residual, True, config)
+            assert y.stride() == residual.stride()
+            ref = _reference(x.cpu(), weight, bias.cpu(), residual.cpu(), True, spec)
+            assert relative_error(y.cpu(), ref) < 1e-6, config
+            y = unrolled.unrolled_conv2d(x, compiled, None, None, False, config)
+            assert relative_error(y.cpu(), _reference(x.cpu(), weight, None, None, False, spec)) < 1e-6, config
+
+
+@gpu
+@needs_cuda
+def test_cuda_graph_replay_equals_eager_and_the_op_passes_opcheck():
+    spec = _spec(32, 32, 48, 14, 14, 3, 1, 1)
+    backend = get_backend("unrolled")
+    weight = _weight(spec, 0.9).cuda()
+    x, bias = torch.randn(spec.input_shape, device="cuda"), torch.randn(spec.K, device="cuda")
+    residual = torch.randn(spec.output_shape, device="cuda")
+    config = unrolled.auto_config(spec)
+    call = backend.bind(backend.prepare(weight, config), spec, config, torch.float32, True)
+    torch.library.opcheck(call.fn, (x, *call.tensors, bias, residual, *call.static, True))
+    ref = _reference(x.cpu(), weight.cpu(), bias.cpu(), residual.cpu(), True, spec)
+    assert relative_error(call(x, bias, residual, True).cpu(), ref) < 1e-6
+    call(x, bias, residual, True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_static = call(x, bias, residual, True)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_static, call(x, bias, residual, True))
+
+
+@gpu
+@needs_cuda
+def test_sparse_conv_on_the_backend_matches_the_reference_in_both_layouts():
+    from sparsecnn.nn import SparseConv2d
+
+    spec = _spec(32, 24, 40, 13, 13, 3, 2, 1)
+    weight = _weight(spec, 0.9).cuda()
+    bias = torch.randn(spec.K, device="cuda")
+    x = torch.randn(spec.input_shape, device="cuda")
+    ref = _reference(x.cpu(), weight.cpu(), bias.cpu(), None, True, spec)
+    for out_layout in unrolled.OUT_LAYOUTS:
+        config = unrolled.UnrolledConfig(16, 64, out_layout)
+        layer = SparseConv2d(weight, bias, backend="unrolled", config=config, stride=2, padding=1, activation="relu")
+        assert relative_error(layer(x).cpu(), ref) < 1e-6
