@@ -219,3 +219,16 @@ def test_sparse_conv_on_the_backend_matches_the_reference_in_both_layouts():
         config = unrolled.UnrolledConfig(16, 64, out_layout)
         layer = SparseConv2d(weight, bias, backend="unrolled", config=config, stride=2, padding=1, activation="relu")
         assert relative_error(layer(x).cpu(), ref) < 1e-6
+
+
+def test_a_compiled_kernel_travels_between_processes_and_registers_by_identity():
+    import pickle
+
+    from sparsecnn.ops import codegen_kernel, register_codegen
+
+    spec = _spec(2, 3, 4, 5, 5, 1, 1, 0)
+    compiled = unrolled.CompiledUnrolled(b"cubin", spec, unrolled.UnrolledConfig(), 0.5, 32, 0)
+    rebuilt = unrolled.CompiledUnrolled(*pickle.loads(pickle.dumps(compiled.fields())))
+    assert rebuilt.fields() == compiled.fields() and rebuilt is not compiled
+    handles = register_codegen(compiled), register_codegen(rebuilt)
+    assert handles[0] != handles[1] and codegen_kernel(handles[0]) is compiled

@@ -44,8 +44,8 @@ def _compile_key(weight: torch.Tensor, spec: ConvSpec, config: Any) -> Tuple:
     return digest, spec, config.bk, config.threads
 
 
-def _compile_in_worker(weight: torch.Tensor, spec: ConvSpec, config: Any):
-    return _kernels().compile_layer(weight, spec, config)
+def _compile_in_worker(weight: torch.Tensor, spec: ConvSpec, config: Any) -> tuple:
+    return _kernels().compile_layer(weight, spec, config).fields()
 
 
 class UnrolledWeight:
@@ -67,7 +67,7 @@ class UnrolledWeight:
         with self._lock:
             if key not in self._compiled:
                 done = _WORKERS.take(key)
-                self._compiled[key] = (done if done is not NOTHING else
+                self._compiled[key] = (_kernels().CompiledUnrolled(*done) if done is not NOTHING else
                                        _kernels().compile_layer(self.weight, spec, config))
             return self._compiled[key]
 

@@ -112,10 +112,11 @@ def auto_config(spec: ConvSpec) -> UnrolledConfig:
     return UnrolledConfig(BK_CHOICES[-1], 128)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class CompiledUnrolled:
     """One layer's kernel at one input shape: its cubin (loaded per device on first use), the
-    layer and config it runs, and what compiling it cost (registers -1: taken from the cache)."""
+    layer and config it runs, and what compiling it cost (registers -1: taken from the cache).
+    Compared and hashed by identity (the op's handle registry keys it weakly)."""
 
     cubin: bytes
     spec: ConvSpec
@@ -135,6 +136,10 @@ class CompiledUnrolled:
 
                 self._kernels[device_index] = load_kernel(self.cubin, KERNEL_NAME, device_index)
             return self._kernels[device_index]
+
+    def fields(self) -> tuple:
+        """What rebuilds it in another process (`CompiledUnrolled(*fields)`): the loaded kernels stay."""
+        return self.cubin, self.spec, self.config, self.compile_s, self.registers, self.spill_bytes
 
 
 def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
