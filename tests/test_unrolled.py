@@ -15,6 +15,8 @@ import torch
 
 from codegen_helpers import needs_tools
 from conftest import needs_cuda
+from sparsecnn.autotune.precision import resolve_policy
+from sparsecnn.autotune.select import candidates_for
 from sparsecnn.backends import get_backend
 from sparsecnn.kernels.codegen import toolchain, unrolled, unrolled_source
 from sparsecnn.kernels.reference import reference_conv, relative_error
@@ -153,6 +155,12 @@ def test_backend_declares_what_it_runs():
     assert "dilation" in backend.unsupported_reason(dataclasses.replace(spec, dilation=(2, 2)), torch.float32, "cuda")
     assert backend.configs(spec, torch.float32) == list(unrolled.CANDIDATES)
     assert backend.auto_configs(spec, torch.float32) == [unrolled.auto_config(spec)]
+    for shape in [(32, 512, 128, 28, 28, 1, 1, 0), (32, 256, 256, 14, 14, 3, 2, 1), (32, 512, 2048, 7, 7, 1, 1, 0)]:
+        layer = _spec(*shape)   # what auto tries is among the configs (the tuner offers only those)
+        assert set(backend.auto_configs(layer, torch.float32)) <= set(backend.configs(layer, torch.float32))
+    policy = resolve_policy("fp32", torch.float32)
+    assert [c.config for c in candidates_for(spec, policy, "cuda") if c.backend == "unrolled"] == \
+        [unrolled.auto_config(spec)]
     assert backend.auto_configs(_spec(32, 64, 64, 56, 56, 3, 1, 1), torch.float32) == []   # 56x56: not measured
     assert backend.auto_configs(spec.with_batch(1), torch.float32) == []
 

@@ -71,7 +71,8 @@ class UnrolledConfig:
         return config_from_dict(cls, saved)
 
 
-CANDIDATES = tuple(UnrolledConfig(bk, threads) for bk in BK_CHOICES for threads in (128, 64))
+# Batch-innermost outputs (see `auto_config`); `auto` tries one of these per layer.
+CANDIDATES = tuple(UnrolledConfig(bk, threads, "batch_inner") for bk in BK_CHOICES for threads in (128, 64))
 
 
 def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
