@@ -123,6 +123,23 @@ def test_staged_layers_are_batch_layers_and_keep_their_backend():
 
 
 @needs_interpreter
+def test_unrolled_layers_always_write_batch_innermost():
+    """Their NCHW stores are slow, and any consumer takes a strided input: they keep batch-innermost
+    outputs whether the other "batch" layers do or not, and are not among the timed candidates."""
+    from sparsecnn.kernels.codegen.unrolled import UnrolledConfig
+
+    _, gm, tuned = _batch_model("abc")
+    tuned["d"]._set_backend("unrolled", UnrolledConfig(8, 64, "nchw"))
+    tuned["b"]._set_backend("unrolled", UnrolledConfig(8, 64, "nchw"))
+    for faster, kept in (("nchw", []), ("batch-innermost", ["a", "c"])):
+        timer = ScriptedTimer({"model:nchw outputs": 2.0, "model:batch-innermost outputs": 1.0})
+        timer.ms[f"model:{faster} outputs"] = 0.5
+        assert keep_batch_inner_outputs(gm, lambda: None, tuned, timer)[0] == kept
+        assert tuned["b"].config.out_layout == tuned["d"].config.out_layout == "batch_inner"
+        assert (tuned["b"].backend, tuned["b"].config.bk) == ("unrolled", 8)
+
+
+@needs_interpreter
 def test_candidates_look_through_max_pools_and_end_at_average_pools():
     _, gm, tuned = _batch_model("ab", PooledChain())
     assert batch_inner_candidates(gm, tuned) == ["a", "b"]  # a feeds b through a max pool; b the average pool
