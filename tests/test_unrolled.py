@@ -240,3 +240,21 @@ def test_a_compiled_kernel_travels_between_processes_and_registers_by_identity()
     assert rebuilt.fields() == compiled.fields() and rebuilt is not compiled
     handles = register_codegen(compiled), register_codegen(rebuilt)
     assert handles[0] != handles[1] and codegen_kernel(handles[0]) is compiled
+
+
+@needs_tools
+def test_a_cached_kernel_is_found_without_writing_its_ptx(tmp_path, monkeypatch):
+    from sparsecnn.kernels.codegen.toolchain import DiskCache
+
+    spec = _spec(4, 8, 12, 6, 6, 3, 1, 1)
+    weight, cache = _weight(spec), DiskCache(tmp_path)
+    first = unrolled.compile_layer(weight, spec, unrolled.UnrolledConfig(8, 64), cache)
+    assert first.registers > 0   # compiled by ptxas
+    monkeypatch.setattr(unrolled, "kernel_ptx", lambda *args: pytest.fail("a cache hit wrote the PTX"))
+    again = unrolled.compile_layer(weight, dataclasses.replace(spec, name="renamed"), unrolled.UnrolledConfig(8, 64),
+                                   cache)
+    assert again.cubin == first.cubin and again.registers == -1
+    for other_weight, other_config in ((weight * 2, unrolled.UnrolledConfig(8, 64)),
+                                       (weight, unrolled.UnrolledConfig(16, 64))):
+        with pytest.raises(pytest.fail.Exception, match="wrote the PTX"):   # a different key: a compile
+            unrolled.compile_layer(other_weight, spec, other_config, cache)

@@ -14,11 +14,13 @@ for run in 1 2; do
     rm -rf /tmp/empty-codegen-cache-$run
     start=$(date +%s.%N)
     SPARSECNN_CACHE=/tmp/empty-codegen-cache-$run python3 - <<'PY'
+import traceback
 import torch
 from sparsecnn.kernels.codegen import toolchain
 toolchain_calls = []
 original = toolchain.ptxas_cubin
-toolchain.ptxas_cubin = lambda *a, **k: (toolchain_calls.append(1), original(*a, **k))[1]
+toolchain.ptxas_cubin = lambda *a, **k: (toolchain_calls.append(traceback.extract_stack()[-2].filename.split("/")[-1]),
+                                         original(*a, **k))[1]
 import sparsecnn
 model = sparsecnn.load("/tmp/r50-artefact")
 print("load phases:", {k: round(v, 3) for k, v in model.sparsecnn_load_phases.items()})
@@ -26,7 +28,7 @@ x = torch.randn(32, 3, 224, 224, device="cuda")
 with torch.no_grad():
     model(x)
 torch.cuda.synchronize()
-print("ptxas calls during load and first forward:", len(toolchain_calls))
+print("ptxas calls during load and first forward:", len(toolchain_calls), toolchain_calls)
 PY
     echo "load process $run wall: $(python3 -c "import sys, time; print(round(time.time() - float(sys.argv[1]), 2))" "$start") s (imports and one forward included)"
 done

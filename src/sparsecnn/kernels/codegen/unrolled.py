@@ -8,8 +8,8 @@ one shared-memory value per non-zero and image. Here a thread keeps `bk` output 
 accumulators and, per input column (c, r, s) of its group, loads its input once and applies every
 non-zero of that column in the group: at 90% sparsity and bk = 32 about 3 FMAs per load, and no
 index or weight is loaded (they are code). The price is code: one FMA instruction per non-zero,
-compiled per layer (ptxas: about 0.15-0.3 ms per non-zero, so 2-40 s for ResNet-50's layers; cached
-on disk by PTX).
+compiled per layer (ptxas: about 0.1-0.3 ms per non-zero, so 1-30 s for ResNet-50's layers; cached
+on disk).
 
 Measured (H100, ResNet-50 DLMC 0.9, N=32, fp32, batch-innermost input and output, over `direct`
 "batch" in the same run, `benchmarks/results/2026-11-23-h100-s16-unrolled-probe-d3c6c32.jsonl`):
@@ -23,17 +23,20 @@ input without padding in place, anything else packed first); output (N, K, P, Q)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 
 from ...layers import ConvSpec
+from ...layers import spec as spec_module
 from ..batch_inner import batch_inner_view
 from ..configs import check_residual, check_triton_input, config_from_dict
 from ..triton.direct_batch import padded_batch_inner
-from . import toolchain
+from . import toolchain, unrolled_source
 from .toolchain import DiskCache
 from .unrolled_source import KERNEL_NAME, kernel_ptx
 
@@ -151,23 +154,38 @@ class CompiledUnrolled:
         return self.cubin, self.spec, self.config, self.compile_s, self.registers, self.spill_bytes
 
 
+@functools.lru_cache(maxsize=1)
+def _generator_digest() -> str:
+    """Digest of the code that writes the PTX (`unrolled_source` and the ConvSpec it reads)."""
+    return toolchain.cache_key(*(Path(module.__file__).read_bytes() for module in (unrolled_source, spec_module)))
+
+
+def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig) -> str:
+    """A kernel's cache key: the weight's bytes, the layer without its name, the tiling, the generator's
+    digest and the toolchain. Writing the PTX takes 0.05-0.3 s per layer, which loading an artefact
+    of 30 such layers paid (5-7 s) when the key was the PTX itself."""
+    layer = dataclasses.replace(spec, name="")
+    return toolchain.cache_key("unrolled", weight.numpy().tobytes(), tuple(weight.shape), repr(layer), config.bk,
+                               config.threads, _generator_digest(), toolchain.toolchain_id())
+
+
 def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
                   cache: Optional[DiskCache] = None) -> CompiledUnrolled:
     """The kernel of this layer (weight (K, C, R, S), zeros pruned, exact in float32) at spec's input
-    shape: its cubin from `cache` (default: the codegen disk cache; keyed by PTX and toolchain) or
-    ptxas. The output layout is not compiled in (the launcher passes strides)."""
-    weight = weight.detach().to("cpu", torch.float32)
+    shape: its cubin from `cache` (default: the codegen disk cache; `_cache_key`) or ptxas. The
+    output layout is not compiled in (the launcher passes strides)."""
+    weight = weight.detach().to("cpu", torch.float32).contiguous()
     check_layer(spec, config, int(torch.count_nonzero(weight)))
     start = time.perf_counter()
-    ptx = kernel_ptx(weight.numpy(), spec, config.bk, config.threads)
     cache = cache or DiskCache()
-    key = toolchain.cache_key("unrolled", ptx, toolchain.toolchain_id())
+    key = _cache_key(weight, spec, config)
     cubin = cache.get(key, "cubin")
     registers = spills = -1
     if cubin is None:
         with cache.exclusive(key):
             cubin = cache.get(key, "cubin")
             if cubin is None:
+                ptx = kernel_ptx(weight.numpy(), spec, config.bk, config.threads)
                 cubin, info, _ = toolchain.ptxas_cubin(ptx)
                 registers, spills = info.registers, info.spill_stores + info.spill_loads
                 cache.put(key, "cubin", cubin)
