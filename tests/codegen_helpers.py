@@ -1,5 +1,6 @@
 """Helpers of the codegen tests: toolkit skip marker, sparse weights, value maps, and a runner of
-the emitted CUDA C on the CPU (float32 and float16 kernels).
+the emitted CUDA C on the CPU (float32 and float16 kernels); the masked weights and fp64 reference
+with epilogue that the staged and unrolled tests share.
 
 The CPU runner: kernels are compiled as C++ with the host g++ that nvcc needs anyway: one block at a time, its
 threads as std::threads, __syncthreads as a std::barrier, __shared__ as a function static. The fp16
@@ -10,8 +11,10 @@ import subprocess
 
 import numpy as np
 import pytest
+import torch
 
 from sparsecnn.kernels import codegen
+from sparsecnn.kernels.reference import reference_conv
 from sparsecnn.kernels.codegen import half2, template, toolchain
 
 HAVE_GXX = subprocess.run(["sh", "-c", "command -v g++"], capture_output=True).returncode == 0
@@ -19,6 +22,23 @@ needs_gxx = pytest.mark.skipif(not HAVE_GXX, reason="needs g++ (C++20) to run ge
 HAVE_TOOLS = bool(toolchain.find_tool("nvcc") and toolchain.find_tool("ptxas"))
 needs_tools = pytest.mark.skipif(not HAVE_TOOLS, reason="needs the CUDA toolkit's nvcc and ptxas (looked on PATH, "
                                                         "$CUDA_HOME/bin, /usr/local/cuda/bin, /usr/local/bin)")
+
+
+def masked_weight(spec, sparsity: float, seed: int = 0) -> torch.Tensor:
+    """A (K, C, R, S) float32 CPU weight, normal values with a random mask of `sparsity`, and one
+    channel fully pruned (its output is the bias alone)."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(spec.weight_shape, generator=generator)
+    weight *= torch.rand(spec.weight_shape, generator=generator) >= sparsity
+    weight[min(7, spec.K - 1)] = 0
+    return weight
+
+
+def reference_with_epilogue(x, weight, bias, residual, relu, spec) -> torch.Tensor:
+    """act(conv(x) + bias + residual) in float64 on the CPU tensors given."""
+    ref = reference_conv(x, weight, bias, stride=spec.stride, padding=spec.padding, fp64=True)
+    ref = ref + residual.double() if residual is not None else ref
+    return ref.relu() if relu else ref
 
 
 def sparse(shape, sparsity: float, seed: int = 0) -> np.ndarray:

@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from codegen_helpers import needs_gxx, needs_tools
+from codegen_helpers import masked_weight, needs_gxx, needs_tools, reference_with_epilogue
 from conftest import needs_cuda
 from sparsecnn.backends import get_backend
 from sparsecnn.formats.staged import StagedCSRWeight
 from sparsecnn.kernels.codegen import staged, staged_source, toolchain
-from sparsecnn.kernels.reference import reference_conv, relative_error
+from sparsecnn.kernels.reference import relative_error
 from sparsecnn.layers import ConvSpec
 from staged_helpers import run_staged_on_cpu
 
@@ -38,17 +38,10 @@ def _spec(c, k, h, w, r, stride, padding, n=32):
 
 
 def _weight(spec, sparsity=0.5, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(spec.weight_shape, generator=generator)
-    weight *= torch.rand(spec.weight_shape, generator=generator) >= sparsity
-    weight[min(7, spec.K - 1)] = 0   # one channel fully pruned: its output is the bias alone
-    return weight
+    return masked_weight(spec, sparsity, seed)
 
 
-def _reference(x, weight, bias, residual, relu, spec):
-    ref = reference_conv(x, weight, bias, stride=spec.stride, padding=spec.padding, fp64=True)
-    ref = ref + residual.double() if residual is not None else ref
-    return ref.relu() if relu else ref
+_reference = reference_with_epilogue
 
 
 # --- config and format (CPU) ---------------------------------------------------------------------

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from codegen_helpers import needs_tools
+from codegen_helpers import masked_weight, needs_tools, reference_with_epilogue
 from conftest import needs_cuda
 from sparsecnn.autotune.precision import resolve_policy
 from sparsecnn.autotune.select import candidates_for
 from sparsecnn.backends import get_backend
 from sparsecnn.kernels.codegen import toolchain, unrolled, unrolled_source
-from sparsecnn.kernels.reference import reference_conv, relative_error
+from sparsecnn.kernels.reference import relative_error
 from sparsecnn.layers import ConvSpec
 from unrolled_helpers import run_unrolled_on_cpu
 
@@ -39,17 +39,10 @@ def _spec(n, c, k, h, w, r, stride, padding):
 
 
 def _weight(spec, sparsity=0.7, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(spec.weight_shape, generator=generator)
-    weight *= torch.rand(spec.weight_shape, generator=generator) >= sparsity
-    weight[min(7, spec.K - 1)] = 0   # one channel fully pruned: its output is the bias alone
-    return weight
+    return masked_weight(spec, sparsity, seed)
 
 
-def _reference(x, weight, bias, residual, relu, spec):
-    ref = reference_conv(x, weight, bias, stride=spec.stride, padding=spec.padding, fp64=True)
-    ref = ref + residual.double() if residual is not None else ref
-    return ref.relu() if relu else ref
+_reference = reference_with_epilogue
 
 
 # --- config, groups, PTX (CPU) ----------------------------------------------------------------------
