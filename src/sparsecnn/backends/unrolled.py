@@ -4,7 +4,7 @@
 Each layer and input shape is compiled on its first `bind` (through the codegen disk cache, so a
 layer compiled before costs a file read), or taken from a worker process that `prefetch` set
 compiling while earlier layers were timed (`workers.WorkerPool`, at most
-$SPARSECNN_UNROLLED_WORKERS). A compile takes 0.15-0.3 ms of ptxas per non-zero (the kernel takes
+$SPARSECNN_UNROLLED_WORKERS). A compile takes about 0.1-0.3 ms of ptxas per non-zero (the kernel takes
 at most `unrolled.MAX_KERNEL_FMAS`), so `auto` tries one config per layer (`unrolled.auto_config`)
 and only on outputs of at most 28x28 (`_auto_configs`): larger feature maps were not measured to
 gain (a 56x56 1x1 layer ran 0.92x `direct` "batch"). Runs go through the op
@@ -97,7 +97,8 @@ def _bind(packed: UnrolledWeight, spec: ConvSpec, config: Any, dtype: torch.dtyp
 
 
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
-    return list(_kernels().CANDIDATES)
+    """Every candidate the layer's shape allows (the weight's non-zeros are checked at bind)."""
+    return _kernels().candidate_configs(spec, 0)
 
 
 def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:

@@ -97,7 +97,7 @@ def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
 
 
 def candidate_configs(spec: ConvSpec, nnz: int) -> List[UnrolledConfig]:
-    """The configs a user may pick for this layer (those `check_layer` accepts)."""
+    """The candidates `check_layer` accepts for this layer and a weight of `nnz` non-zeros."""
     fitting = []
     for config in CANDIDATES:
         try:
