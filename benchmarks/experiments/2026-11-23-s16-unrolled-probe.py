@@ -2,9 +2,10 @@
 immediates, batch-innermost activations, a thread keeps bk channels and loads each input column
 once for all of them) against `direct` "batch" (its auto configs) and cuDNN, on ResNet-50 layers
 at 28x28, 14x14 and 7x7 (DLMC 0.9, N=32, fp32, batch-innermost input and output, bias and ReLU,
-the conv3 layers with their residual). Kernels compile in worker processes first (ptxas seconds). The first run (691880e, configs with bk
-16-64, vec 1-2) read padded layers with predicated loads, which were wrong on the GPU (relative
-error 0.4-0.9 on the 3x3 layers): the kernel now reads a zero-padded copy.
+the conv3 layers with their residual). Kernels compile in worker processes first (ptxas seconds).
+Configs: bk 8, 16, 32 with 128 or 64 threads (the d3c6c32 run tried five of these six, as
+(bk, vec, threads) with vec 1). The first run (691880e: bk 16-64, vec 1-2) read padded layers
+with predicated loads, which were wrong on the GPU (relative error 0.4-0.9 on the 3x3 layers).
 Usage: PYTHONPATH=src python benchmarks/experiments/2026-11-23-s16-unrolled-probe.py OUT.jsonl
 """
 import concurrent.futures
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 LAYERS = ("layer1.1.conv2", "layer1.1.conv3", "layer2.0.conv2", "layer2.1.conv1", "layer2.1.conv2", "layer2.1.conv3",
           "layer3.0.downsample.0", "layer3.1.conv1", "layer3.1.conv2", "layer3.1.conv3", "layer4.0.conv1",
           "layer4.1.conv1", "layer4.1.conv3")
-CONFIGS = ((8, 1, 128), (16, 1, 128), (32, 1, 128), (8, 1, 64), (16, 1, 64))
+CONFIGS = ((8, 128), (16, 128), (32, 128), (8, 64), (16, 64), (32, 64))
 TIMING = dict(warmup_ms=25, rep_ms=100, hide_launch=True)
 
 
@@ -34,10 +35,10 @@ def _weight(name):
 def _compile(job):
     torch.set_num_threads(1)
     from sparsecnn.kernels.codegen import unrolled
-    name, (bk, vec, threads) = job
+    name, (bk, threads) = job
     spec, weight = _weight(name)
-    compiled = unrolled.compile_layer(weight, spec, unrolled.UnrolledConfig(bk, vec, threads))
-    return name, (bk, vec, threads), compiled.compile_s, compiled.registers, compiled.spill_bytes
+    compiled = unrolled.compile_layer(weight, spec, unrolled.UnrolledConfig(bk, threads, "batch_inner"))
+    return name, (bk, threads), compiled.compile_s, compiled.registers, compiled.spill_bytes
 
 
 def main():
@@ -88,11 +89,11 @@ def main():
             row["direct"] = direct
             results = {}
             for config in CONFIGS:
-                compiled = unrolled.compile_layer(weight.cpu(), spec, unrolled.UnrolledConfig(*config))
+                compiled = unrolled.compile_layer(weight.cpu(), spec, unrolled.UnrolledConfig(*config, "batch_inner"))
                 oi.fill_(float("nan"))
-                run = lambda: unrolled.unrolled_conv2d(xi, compiled, bias, ri, True, oi)  # noqa: E731
+                run = lambda: unrolled.unrolled_conv2d(xi, compiled, bias, ri, True, out=oi)  # noqa: E731
                 error = relative_error(run(), ref)
-                results["bk%d vec%d t%d" % config] = dict(ms=time_ms(run), rel_err=error, **compile_info[name, config])
+                results["bk%d t%d" % config] = dict(ms=time_ms(run), rel_err=error, **compile_info[name, config])
             best = min(results, key=lambda k: results[k]["ms"])
             row.update(unrolled_best_ms=results[best]["ms"], unrolled_best=best, unrolled=results)
             row["speedup_vs_direct"] = round(row["direct_ms"] / row["unrolled_best_ms"], 3)

@@ -107,7 +107,7 @@ def keep_batch_inner_outputs(model: nn.Module, run: Callable[[], object], tuned:
     Returns the names of the layers left batch-innermost and the two model times in ms
     ({"nchw": ..., "batch_inner": ...}; empty when there was no candidate)."""
     _set_out_layout([layer for layer in tuned.values() if _nchw_capable(layer)], "nchw")
-    _set_out_layout([layer for layer in tuned.values() if _is_batch(layer) and not _nchw_capable(layer)], "batch_inner")
+    _set_out_layout([layer for layer in tuned.values() if layer.backend == "unrolled"], "batch_inner")
     names = [name for name in batch_inner_candidates(model, tuned) if _nchw_capable(tuned[name])]
     if not names:
         return [], {}

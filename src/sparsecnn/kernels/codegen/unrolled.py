@@ -200,7 +200,8 @@ def new_output(spec: ConvSpec, x: torch.Tensor, config: UnrolledConfig) -> torch
 
 
 def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[torch.Tensor] = None,
-                    residual: Optional[torch.Tensor] = None, relu: bool = False, config: Optional[UnrolledConfig] = None,
+                    residual: Optional[torch.Tensor] = None, relu: bool = False,
+                    config: Optional[UnrolledConfig] = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """act(conv(x) + bias + residual) for the layer `compiled` was built for.
 

@@ -23,7 +23,8 @@ output offset is an immediate).
 Epilogue per channel: act(acc + bias + residual), stored at the output's strides (batch-innermost
 or NCHW, the residual at the same strides); `flags` (bit 0 ReLU, 1 bias, 2 residual) chooses per
 launch, so one compile serves every epilogue and layout. Two images per thread (64-bit loads,
-twice the accumulators) was never the fastest config of a layer and compiled 5-15x longer (`benchmarks/results/2026-11-23-h100-s16-unrolled-probe-691880e.jsonl`).
+twice the accumulators) was never the fastest config of a layer and compiled 5-15x longer
+(`benchmarks/results/2026-11-23-h100-s16-unrolled-probe-691880e.jsonl`).
 Kernel parameters: (u64 x, u64 bias, u64 res, u64 y, u32 flags, u32 sn, sk, sp, sq), the strides
 in elements of the (N, K, P, Q) output.
 """
@@ -137,7 +138,8 @@ class _Writer:
                   f"mad.lo.s32 %r11, %r10, {n}, %r11;",
                   "add.s32 %r11, %r11, %r6;",
                   "mul.wide.s32 %rd4, %r11, 4;", "add.s64 %rd4, %rd0, %rd4;",
-                  "mul.lo.s32 %r16, %r6, %r12;", "mad.lo.s32 %r16, %r7, %r14, %r16;", "mad.lo.s32 %r16, %r8, %r15, %r16;",
+                  "mul.lo.s32 %r16, %r6, %r12;", "mad.lo.s32 %r16, %r7, %r14, %r16;",
+                  "mad.lo.s32 %r16, %r8, %r15, %r16;",
                   "mul.wide.s32 %rd5, %r16, 4;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;")
 
     def _group_function(self, index: int, group: Sequence[int]) -> None:
