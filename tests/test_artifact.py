@@ -16,7 +16,7 @@ import sparsecnn
 from codegen_helpers import needs_tools
 from conftest import needs_interpreter
 from sparsecnn.artifact import ArtifactError, compile_model, load
-from sparsecnn.artifact.codegen_files import install_codegen, record_codegen
+from sparsecnn.artifact.codegen_files import generates_code, install_codegen, record_kernels
 from sparsecnn.artifact.loading import _skeleton
 from sparsecnn.artifact.manifest import MANIFEST, publish, read_manifest, verify_files
 from sparsecnn.artifact.packing import _is_on, decode_packed, encode_packed
@@ -336,7 +336,8 @@ def test_codegen_files_are_recorded_and_reinstalled_without_compiling(tmp_path, 
     layer = SparseConv2d(torch.randn(8, 4, 3, 3) * (torch.rand(8, 4, 3, 3) > 0.8), torch.randn(8), padding=1,
                          backend="codegen", config=codegen.candidate_configs(spec)[0])
     monkeypatch.setenv("SPARSECNN_CACHE", str(tmp_path / "compile-cache"))
-    record_codegen(layer, spec, tmp_path)
+    assert generates_code(layer)
+    record_kernels(layer, spec, tmp_path)
     names = [path.relative_to(tmp_path).as_posix() for path in (tmp_path / "codegen").rglob("*") if path.is_file()]
     assert {name.rsplit(".", 1)[1] for name in names} == {"ptx", "cubin", "json"}
 
@@ -350,6 +351,35 @@ def test_codegen_files_are_recorded_and_reinstalled_without_compiling(tmp_path, 
     monkeypatch.setattr(toolchain, "ptxas_cubin", no_compiling)
     compiled = codegen.compile_conv(layer.packed_weight().weight, spec, layer.config, has_bias=True)
     assert compiled.report.cache_hits == compiled.report.slices + 1  # template + every slice
+
+
+@needs_tools
+def test_unrolled_kernels_are_recorded_and_reinstalled_without_compiling(tmp_path, monkeypatch):
+    from sparsecnn.kernels.codegen import unrolled
+
+    spec = ConvSpec(2, 4, 8, 6, 6, 3, 3, 1, 1)
+    layer = SparseConv2d(torch.randn(8, 4, 3, 3) * (torch.rand(8, 4, 3, 3) > 0.7), torch.randn(8), padding=1,
+                         backend="unrolled", config=unrolled.UnrolledConfig(8, 64, "batch_inner"))
+    monkeypatch.setenv("SPARSECNN_CACHE", str(tmp_path / "compile-cache"))
+    assert generates_code(layer)
+    record_kernels(layer, spec, tmp_path)
+    names = [path.relative_to(tmp_path).as_posix() for path in (tmp_path / "codegen").rglob("*") if path.is_file()]
+    assert [name.rsplit(".", 1)[1] for name in names] == ["cubin"]
+
+    monkeypatch.setenv("SPARSECNN_CACHE", str(tmp_path / "fresh-cache"))
+    assert install_codegen(tmp_path, names) == 1
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("compiled although the artefact's kernel was installed")
+
+    monkeypatch.setattr(toolchain, "ptxas_cubin", no_compiling)
+    assert unrolled.compile_layer(layer.packed_weight().weight, spec, layer.config).registers == -1
+
+
+def test_only_code_generating_backends_record_kernels():
+    weight = torch.randn(8, 4, 3, 3)
+    assert not generates_code(SparseConv2d(weight, None, padding=1, backend="dense"))
+    assert not generates_code(SparseConv2d(weight, None, padding=1, backend="direct"))
 
 
 def test_concurrent_publishers_leave_one_complete_artefact(tmp_path):

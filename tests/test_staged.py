@@ -17,6 +17,7 @@ from codegen_helpers import masked_weight, needs_gxx, needs_tools, reference_wit
 from conftest import needs_cuda
 from sparsecnn.backends import get_backend
 from sparsecnn.formats.staged import StagedCSRWeight
+from sparsecnn.kernels.batch_inner import new_output
 from sparsecnn.kernels.codegen import staged, staged_source, toolchain
 from sparsecnn.kernels.reference import relative_error
 from sparsecnn.layers import ConvSpec
@@ -229,7 +230,7 @@ def test_matches_the_fp64_reference_for_every_config(shape):
         packed = staged.pack_weight(weight, config)
         for out_layout in staged.OUT_LAYOUTS:
             config = dataclasses.replace(config, out_layout=out_layout)
-            residual = staged.new_output(spec.output_shape, x, config).copy_(torch.randn(spec.output_shape))
+            residual = new_output(spec.output_shape, x, config.out_layout).copy_(torch.randn(spec.output_shape))
             torch.empty(4 * residual.numel(), device="cuda").fill_(float("nan"))   # poison the allocator's memory
             y = staged.staged_conv2d(x, packed, spec.stride, spec.padding, config, bias, residual, relu=True)
             assert y.stride() == residual.stride()

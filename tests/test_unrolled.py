@@ -18,6 +18,7 @@ from conftest import needs_cuda
 from sparsecnn.autotune.precision import resolve_policy
 from sparsecnn.autotune.select import candidates_for
 from sparsecnn.backends import get_backend
+from sparsecnn.kernels.batch_inner import new_output
 from sparsecnn.kernels.codegen import toolchain, unrolled, unrolled_source
 from sparsecnn.kernels.reference import relative_error
 from sparsecnn.layers import ConvSpec
@@ -173,7 +174,7 @@ def test_matches_the_fp64_reference_for_every_config(shape):
         compiled = unrolled.compile_layer(weight, spec, config)
         for out_layout in unrolled.OUT_LAYOUTS:
             config = dataclasses.replace(config, out_layout=out_layout)
-            residual = unrolled.new_output(spec, x, config).copy_(torch.randn(spec.output_shape))
+            residual = new_output(spec.output_shape, x, config.out_layout).copy_(torch.randn(spec.output_shape))
             torch.empty(4 * residual.numel(), device="cuda").fill_(float("nan"))   # poison the allocator's memory
             y = unrolled.unrolled_conv2d(x, compiled, bias, residual, True, config)
             assert y.stride() == residual.stride()

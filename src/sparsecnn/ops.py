@@ -69,6 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch.library import custom_op, register_fake
 
+from .kernels.batch_inner import new_output
 from .kernels.configs import check_residual
 
 __all__ = ["blocks_conv2d", "blocks_conv2d_eager", "codegen_conv2d", "codegen_conv2d_eager", "codegen_kernel",
@@ -136,10 +137,8 @@ direct_conv2d = custom_op("sparsecnn::direct_conv2d", direct_conv2d_eager, mutat
 @register_fake("sparsecnn::direct_conv2d")
 def _direct_conv2d_fake(x, values, offsets, row_ptr, row_order, codes, bias, residual, kernel_shape, padded_hw,
                         stride, padding, config, relu):
-    from .kernels.triton.direct_conv import new_output
-
     contiguous = _fake_output(x, residual, kernel_shape, stride, padding)
-    return new_output(contiguous.shape, x, _direct_config(config))
+    return new_output(contiguous.shape, x, _direct_config(config).out_layout)
 
 
 # --- blocks -------------------------------------------------------------------------------------
@@ -201,10 +200,10 @@ staged_conv2d = custom_op("sparsecnn::staged_conv2d", staged_conv2d_eager, mutat
 @register_fake("sparsecnn::staged_conv2d")
 def _staged_conv2d_fake(x, entries, chunk_ptr, channel, bias, residual, kernel_shape, max_segment, stride, padding,
                         config, pool, relu):
-    from .kernels.codegen.staged import new_output, pooled_shape
+    from .kernels.codegen.staged import pooled_shape
 
     contiguous = _fake_output(x, residual, kernel_shape, stride, padding)
-    return new_output(pooled_shape(contiguous.shape, pool), x, _staged_config(config))
+    return new_output(pooled_shape(contiguous.shape, pool), x, _staged_config(config).out_layout)
 
 
 # --- codegen ------------------------------------------------------------------------------------
@@ -290,11 +289,9 @@ unrolled_conv2d = custom_op("sparsecnn::unrolled_conv2d", unrolled_conv2d_eager,
 
 @register_fake("sparsecnn::unrolled_conv2d")
 def _unrolled_conv2d_fake(x, bias, residual, handle, config, relu):
-    from .kernels.codegen.unrolled import new_output
-
     compiled = _unrolled_kernel(x, handle)
     check_residual(residual, compiled.spec.output_shape, x)
-    return new_output(compiled.spec, x, _unrolled_config(config))
+    return new_output(compiled.spec.output_shape, x, _unrolled_config(config).out_layout)
 
 
 # --- im2col + CSR SpMM --------------------------------------------------------------------------

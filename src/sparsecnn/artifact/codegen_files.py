@@ -1,6 +1,7 @@
-"""Generated code in an artefact: the PTX and cubins of the model's `codegen` and `unrolled` layers.
+"""Generated code in an artefact: the PTX and cubins of the model's layers whose backend generates
+code per layer (`Backend.compile_kernels`: `codegen`, `unrolled`).
 
-Compiling replays each codegen layer's compile through a disk cache that also writes every file it
+Compiling replays each such layer's compile through a disk cache that also writes every file it
 reads or makes into OUT/codegen/, in the layout of `kernels.codegen.toolchain.DiskCache`
 (<key[:2]>/<key>.<suffix>). Loading copies the missing ones into the local codegen cache (atomic
 writes), so binding the layers finds every kernel there and runs neither nvcc nor ptxas. The keys
@@ -13,6 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterable, Optional
 
 from ..kernels.codegen.toolchain import DiskCache, ToolchainError, toolchain_id
+from ..backends import get_backend
 from ..layers import ConvSpec
 from ..nn import SparseConv2d
 
@@ -40,23 +42,18 @@ class _RecordingCache(DiskCache):
         return self.source.exclusive(key)  # the lock guards the local cache; no lock file in the artefact
 
 
-def record_codegen(layer: SparseConv2d, spec: ConvSpec, directory: Path) -> None:
-    """Copy the kernels of one `codegen` layer for inputs of `spec` into `directory`/codegen (compiled
-    now only if the local cache lacks them: the layer was bound, so it normally has them)."""
-    from ..kernels import codegen
+def record_kernels(layer: SparseConv2d, spec: ConvSpec, directory: Path) -> None:
+    """Copy the generated kernels of one layer for inputs of `spec` into `directory`/codegen (compiled
+    now only if the local cache lacks them: the layer was bound, so it normally has them), through its
+    backend's `compile_kernels`."""
+    get_backend(layer.backend).compile_kernels(
+        layer.packed_weight(), spec, layer.config, layer.weight.dtype, layer.bias is not None, layer.relu_only,
+        _RecordingCache(directory / CODEGEN_DIR, DiskCache()))
 
-    codegen.compile_conv(layer.packed_weight().weight, spec, layer.config, relu=layer.relu_only,
-                         has_bias=layer.bias is not None, dtype=layer.weight.dtype,
-                         cache=_RecordingCache(directory / CODEGEN_DIR, DiskCache()))
 
-
-def record_unrolled(layer: SparseConv2d, spec: ConvSpec, directory: Path) -> None:
-    """Copy the kernel of one `unrolled` layer for inputs of `spec` into `directory`/codegen (compiled
-    now only if the local cache lacks it)."""
-    from ..kernels.codegen import unrolled
-
-    unrolled.compile_layer(layer.packed_weight().weight, spec, layer.config,
-                           cache=_RecordingCache(directory / CODEGEN_DIR, DiskCache()))
+def generates_code(layer: SparseConv2d) -> bool:
+    """Whether the layer's backend compiles code per layer (kernels an artefact carries)."""
+    return get_backend(layer.backend).compile_kernels is not None
 
 
 def install_codegen(directory: Path, names: Iterable[str]) -> int:

@@ -26,7 +26,7 @@ from ..backends import config_to_dict
 from ..models import build_model
 from ..nn import SparseConv2d, SplitKLinear, autotune_model, prepare_for_inference
 from ..prune import load_pruned
-from .codegen_files import CODEGEN_DIR, current_toolchain, record_codegen, record_unrolled
+from .codegen_files import CODEGEN_DIR, current_toolchain, generates_code, record_kernels
 from .errors import ArtifactError
 from .manifest import FORMAT, VERSION, list_files, new_directory, publish, write_manifest
 from .packing import Unencodable, encode_packed
@@ -113,8 +113,8 @@ def _layer_entry(name: str, layer: SparseConv2d, result: Optional[LayerResult], 
     entry.update(spec={field: getattr(result.spec, field) for field in SPEC_FIELDS}, choice=result.choice,
                  time_ms=_finite(result.time_ms), dense_ms=_finite(result.dense_ms),
                  times_ms={label: _finite(ms) for label, ms in result.times_ms.items()}, packed_note=None)
-    if layer.backend in ("codegen", "unrolled"):
-        (record_codegen if layer.backend == "codegen" else record_unrolled)(layer, result.spec, directory)
+    if generates_code(layer):
+        record_kernels(layer, result.spec, directory)
         entry["packed_note"] = f"kernels in {CODEGEN_DIR}/"
         return entry
     try:
@@ -150,7 +150,7 @@ def _write(gm: fx.GraphModule, directory: Path, header: dict, device: torch.devi
                for name in order}
     weights = WEIGHTS_FORMATS[weights_format]
     write_tensors(directory / weights, tensors)
-    codegen = any(layer.backend in ("codegen", "unrolled") for layer in layers.values())
+    codegen = any(generates_code(layer) for layer in layers.values())
     linears = {name: module.splits for name, module in gm.named_modules() if isinstance(module, SplitKLinear)}
     write_manifest(directory, {
         **header, "environment": environment_fingerprint(device),

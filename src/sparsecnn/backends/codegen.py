@@ -158,6 +158,13 @@ def _bind_relu(packed: CodegenWeight, spec: ConvSpec, config: Any, dtype: torch.
     return _bind_kernels(packed, spec, config, dtype, has_bias, relu=True)
 
 
+def _compile_kernels(packed: CodegenWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
+                     relu_only: bool, cache) -> None:
+    """The layer's kernels through `cache` (see `Backend.compile_kernels`)."""
+    codegen.compile_conv(packed.weight, spec, config or _configs(spec, dtype)[0], relu=relu_only, has_bias=has_bias,
+                         dtype=dtype, cache=cache)
+
+
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     return codegen.candidate_configs(spec, dtype)
 
@@ -208,4 +215,5 @@ CODEGEN = register_backend(Backend(
     prefetch=_prefetch,
     bind_relu=_bind_relu,
     pending=_pending,
+    compile_kernels=_compile_kernels,
 ))

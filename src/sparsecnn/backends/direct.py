@@ -48,4 +48,5 @@ DIRECT = register_triton_backend(
     "direct",
     "direct sparse convolution (UnSparse-Opt): chunked CSR, uniform-ELL or CSR weights with precomputed input "
     "offsets, Triton",
-    _kernels, "DirectConfig", _prepare, _bind, auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype))
+    _kernels, "DirectConfig", _prepare, _bind, auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype),
+    batch_inner=lambda config: getattr(config, "variant", None) == "batch")

@@ -69,6 +69,10 @@ def _no_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     return [None]
 
 
+def _never(config: Any) -> bool:
+    return False
+
+
 @dataclasses.dataclass(frozen=True)
 class Backend:
     """A way to run a sparse convolution.
@@ -96,6 +100,13 @@ class Backend:
     bind_pooled(packed, spec, config, dtype, has_bias, pool), optional: a `bind` whose kernel also
     applies the max pool `pool` (a `kernels.pool.PoolArgs`) to act(conv + bias), returning the
     pooled output (no residual), or None where it cannot; without it the layer pools after the call.
+    batch_inner(config): whether the kernel with `config` reads its input batch-innermost ((N, C, H, W)
+    stored as (C, H, W, N)) and writes new outputs in `config.out_layout` (a "batch" layer, see
+    `nn.layout`); writes_nchw: whether such a layer writes NCHW well (False: it always writes
+    batch-innermost outputs, e.g. a warp holding one pixel's images scatters NCHW stores).
+    compile_kernels(packed, spec, config, dtype, has_bias, relu_only, cache), optional, for backends
+    that generate code per layer: compile (or fetch) the kernels a bound layer runs through `cache`
+    (a `kernels.codegen.toolchain.DiskCache`); artefacts pass one that copies every file it touches.
     """
 
     name: str
@@ -112,6 +123,9 @@ class Backend:
     bind_relu: Optional[BindFn] = None
     pending: Optional[Callable[..., bool]] = None
     bind_pooled: Optional[Callable[..., Optional[KernelCall]]] = None
+    batch_inner: Callable[[Any], bool] = _never
+    writes_nchw: bool = True
+    compile_kernels: Optional[Callable[..., None]] = None
 
     def bind_for(self, packed: Any, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
                  relu_only: bool = False) -> KernelCall:

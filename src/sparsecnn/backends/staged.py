@@ -69,4 +69,5 @@ STAGED = register_backend(Backend(
     configs=lambda spec, dtype: _kernels().candidate_configs(spec),
     auto_configs=lambda spec, dtype: _kernels().auto_configs(spec),
     config_from_dict=lambda saved: _kernels().StagedConfig.from_dict(saved),
+    batch_inner=lambda config: True,
 ))

@@ -96,6 +96,13 @@ def _bind(packed: UnrolledWeight, spec: ConvSpec, config: Any, dtype: torch.dtyp
                       keepalive=compiled, eager=ops.unrolled_conv2d_eager)
 
 
+def _compile_kernels(packed: UnrolledWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
+                     relu_only: bool, cache) -> None:
+    """The layer's kernel through `cache` (see `Backend.compile_kernels`)."""
+    _kernels().compile_layer(packed.weight, spec, config if config is not None else _kernels().auto_config(spec),
+                             cache=cache)
+
+
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     """Every candidate the layer's shape allows (the weight's non-zeros are checked at bind)."""
     return _kernels().candidate_configs(spec, 0)
@@ -145,4 +152,7 @@ UNROLLED = register_backend(Backend(
     auto_configs=_auto_configs,
     prefetch=_prefetch,
     pending=_pending,
+    batch_inner=lambda config: True,
+    writes_nchw=False,   # a warp holds one pixel's images: NCHW stores scatter (`nn.layout`)
+    compile_kernels=_compile_kernels,
 ))

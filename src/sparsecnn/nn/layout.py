@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..autotune import Candidate, Timer
+from ..backends import get_backend
 from .concat import cat_channels
 from .graph import called_module, channel_slice
 from .pool import MaxPool2d, max_pool2d
@@ -32,10 +33,9 @@ _LOG = logging.getLogger(__name__)
 
 
 def is_batch_backend(backend: str, config) -> bool:
-    """Whether a layer on `backend` with `config` reads (C, H, W, N) input and can write it: direct
-    "batch", staged or unrolled."""
-    direct_batch = backend == "direct" and getattr(config, "variant", None) == "batch"
-    return direct_batch or backend in ("staged", "unrolled")
+    """Whether a layer on `backend` with `config` reads (C, H, W, N) input and can write it
+    (`Backend.batch_inner`: direct "batch", staged, unrolled)."""
+    return get_backend(backend).batch_inner(config)
 
 
 def _is_batch(layer) -> bool:
@@ -43,10 +43,14 @@ def _is_batch(layer) -> bool:
 
 
 def _nchw_capable(layer) -> bool:
-    """A "batch" layer that writes NCHW well. `unrolled` does not (a warp holds one pixel's images, so
-    its NCHW stores land K*P*Q apart: ResNet-50 ran 7.05 against 3.99 ms with them), so it always
-    writes batch-innermost; its consumers take any strides."""
-    return _is_batch(layer) and layer.backend != "unrolled"
+    """A "batch" layer that may write NCHW (`Backend.writes_nchw`). `unrolled` may not: a warp holds
+    one pixel's images, so its NCHW stores land K*P*Q apart (ResNet-50 ran 7.05 against 3.99 ms with
+    them); it always writes batch-innermost, and its consumers take any strides."""
+    return _is_batch(layer) and get_backend(layer.backend).writes_nchw
+
+
+def _batch_inner_only(layer) -> bool:
+    return _is_batch(layer) and not get_backend(layer.backend).writes_nchw
 
 
 def is_batch_inner(layer) -> bool:
@@ -102,12 +106,12 @@ def keep_batch_inner_outputs(model: nn.Module, run: Callable[[], object], tuned:
                              timer: Timer) -> Tuple[List[str], Dict[str, float]]:
     """Every tuned "batch" layer writes NCHW, except the `batch_inner_candidates`, which write
     batch-innermost outputs if `run()` (the whole model) gets faster, as timed by `timer`, and
-    `unrolled` layers, which always do.
+    layers whose backend cannot write NCHW well (`unrolled`), which always do.
 
     Returns the names of the layers left batch-innermost and the two model times in ms
     ({"nchw": ..., "batch_inner": ...}; empty when there was no candidate)."""
     _set_out_layout([layer for layer in tuned.values() if _nchw_capable(layer)], "nchw")
-    _set_out_layout([layer for layer in tuned.values() if layer.backend == "unrolled"], "batch_inner")
+    _set_out_layout([layer for layer in tuned.values() if _batch_inner_only(layer)], "batch_inner")
     names = [name for name in batch_inner_candidates(model, tuned) if _nchw_capable(tuned[name])]
     if not names:
         return [], {}

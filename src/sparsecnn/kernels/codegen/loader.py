@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -52,6 +52,24 @@ def load_kernel(cubin: bytes, name: str, device_index: int, loader: str = "", dy
     if loader == "cupy":
         return _CupyKernel(cubin, name, device_index, dynamic_smem)
     raise ValueError(f"unknown loader {loader!r}; expected one of {LOADERS}")
+
+
+class LazyKernel:
+    """The kernel `name` of one cubin, loaded on each device on first use (thread-safe): what every
+    generated kernel (codegen, staged, unrolled) keeps beside its cubin."""
+
+    def __init__(self, cubin: bytes, name: str, dynamic_smem: int = 0):
+        self.cubin, self.name, self.dynamic_smem = cubin, name, dynamic_smem
+        self._kernels: Dict[int, object] = {}
+        self._lock = threading.Lock()
+
+    def kernel(self, device_index: int):
+        """The loaded kernel on CUDA device `device_index` (`load_kernel`'s object)."""
+        with self._lock:
+            if device_index not in self._kernels:
+                self._kernels[device_index] = load_kernel(self.cubin, self.name, device_index,
+                                                          dynamic_smem=self.dynamic_smem)
+            return self._kernels[device_index]
 
 
 def _cuda_driver():

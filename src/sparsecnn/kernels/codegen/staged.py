@@ -36,18 +36,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from ...formats.staged import StagedCSRWeight
 from ...layers import ConvSpec
-from ..batch_inner import batch_inner_view
+from ..batch_inner import new_output
 from ..configs import (check_kernel_shape, check_residual, check_triton_input, config_from_dict, launch_spec,
                        stride_padding)
 from ..triton.direct_batch import padded_batch_inner
 from . import toolchain
+from .loader import LazyKernel
 from .staged_source import IMAGES, KERNEL_NAME, LANES_PER_POSITION, kernel_source
 from .toolchain import DiskCache
 
@@ -172,26 +172,8 @@ def _blocks(spec: ConvSpec, tile_h: int, tile_w: int, rows_per_block: int) -> in
     return tiles * -(-spec.K // rows_per_block) * max(1, spec.N // IMAGES)
 
 
-class _Compiled:
-    """One kernel's cubin, loaded per device on first use."""
-
-    def __init__(self, cubin: bytes):
-        self.cubin = cubin
-        self._kernels: Dict[int, object] = {}
-        self._lock = threading.Lock()
-
-    def kernel(self, device_index: int):
-        with self._lock:
-            if device_index not in self._kernels:
-                from .loader import load_kernel
-
-                self._kernels[device_index] = load_kernel(self.cubin, KERNEL_NAME, device_index,
-                                                          dynamic_smem=MAX_SMEM_BYTES)
-            return self._kernels[device_index]
-
-
 @functools.lru_cache(maxsize=None)
-def compiled_kernel(spec: ConvSpec, config: StagedConfig) -> _Compiled:
+def compiled_kernel(spec: ConvSpec, config: StagedConfig) -> LazyKernel:
     """The kernel for this geometry (only R, S and the stride of `spec` matter) and config: its
     cubin from the disk cache (keyed by source and toolchain) or nvcc/ptxas."""
     source = kernel_source(spec, config)
@@ -205,7 +187,7 @@ def compiled_kernel(spec: ConvSpec, config: StagedConfig) -> _Compiled:
                 ptx, _ = toolchain.nvcc_ptx(source)
                 cubin, _, _ = toolchain.ptxas_cubin(ptx)
                 cache.put(key, "cubin", cubin)
-    return _Compiled(cubin)
+    return LazyKernel(cubin, KERNEL_NAME, MAX_SMEM_BYTES)
 
 
 def _geometry(spec: ConvSpec) -> ConvSpec:
@@ -224,13 +206,6 @@ def weight_arrays(packed: StagedCSRWeight, spec: ConvSpec, config: StagedConfig)
         raise ValueError(f"weight packed for chunk_c={packed.chunk_c} and {packed.channel.numel()} rows does not "
                          f"fit config {config}: pack it with this config")
     return packed.entries(*config.halo(spec), LANES_PER_POSITION), packed.chunk_ptr, packed.channel
-
-
-def new_output(shape: Tuple[int, ...], x: torch.Tensor, config: StagedConfig) -> torch.Tensor:
-    """An uninitialised (N, K, P, Q) float32 output in config.out_layout."""
-    if config.out_layout == "batch_inner":
-        return batch_inner_view(shape, x.dtype, x.device)
-    return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 
 def epilogue_flags(relu: bool, has_bias: bool, has_residual: bool, out_vectors: bool, pool: bool = False) -> int:
@@ -334,7 +309,7 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
         raise ValueError(f"bias must be a float32 ({kernel_k},) tensor on {x.device}, got {bias.dtype} "
                          f"{tuple(bias.shape)} on {bias.device}")
     if out is None:
-        out = new_output(out_shape, x, config)
+        out = new_output(out_shape, x, config.out_layout)
     elif out.shape != out_shape or out.dtype != torch.float32 or out.device != x.device:
         raise ValueError(f"out must be a float32 {out_shape} tensor on {x.device}, got {out.dtype} "
                          f"{tuple(out.shape)} on {out.device}")

@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
 
 from ...layers import ConvSpec
 from ...layers import spec as spec_module
-from ..batch_inner import batch_inner_view
+from ..batch_inner import new_output
 from ..configs import check_residual, check_triton_input, config_from_dict
 from ..triton.direct_batch import padded_batch_inner
 from . import toolchain, unrolled_source
+from .loader import LazyKernel
 from .toolchain import DiskCache
 from .unrolled_source import KERNEL_NAME, kernel_ptx
 
@@ -138,16 +138,10 @@ class CompiledUnrolled:
     spill_bytes: int
 
     def __post_init__(self):
-        self._kernels: Dict[int, object] = {}
-        self._lock = threading.Lock()
+        self._loaded = LazyKernel(self.cubin, KERNEL_NAME)
 
     def kernel(self, device_index: int):
-        with self._lock:
-            if device_index not in self._kernels:
-                from .loader import load_kernel
-
-                self._kernels[device_index] = load_kernel(self.cubin, KERNEL_NAME, device_index)
-            return self._kernels[device_index]
+        return self._loaded.kernel(device_index)
 
     def fields(self) -> tuple:
         """What rebuilds it in another process (`CompiledUnrolled(*fields)`): the loaded kernels stay."""
@@ -192,13 +186,6 @@ def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
     return CompiledUnrolled(cubin, spec, config, time.perf_counter() - start, registers, spills)
 
 
-def new_output(spec: ConvSpec, x: torch.Tensor, config: UnrolledConfig) -> torch.Tensor:
-    """An uninitialised (N, K, P, Q) float32 output in config.out_layout."""
-    if config.out_layout == "batch_inner":
-        return batch_inner_view(spec.output_shape, x.dtype, x.device)
-    return torch.empty(spec.output_shape, dtype=x.dtype, device=x.device)
-
-
 def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[torch.Tensor] = None,
                     residual: Optional[torch.Tensor] = None, relu: bool = False,
                     config: Optional[UnrolledConfig] = None,
@@ -221,7 +208,7 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
         raise ValueError(f"bias must be a float32 ({spec.K},) tensor on {x.device}, got {bias.dtype} "
                          f"{tuple(bias.shape)} on {bias.device}")
     if out is None:
-        out = new_output(spec, x, config or compiled.config)
+        out = new_output(spec.output_shape, x, (config or compiled.config).out_layout)
     elif tuple(out.shape) != spec.output_shape or out.dtype != torch.float32 or out.device != x.device:
         raise ValueError(f"out must be a float32 {spec.output_shape} tensor on {x.device}, got {out.dtype} "
                          f"{tuple(out.shape)} on {out.device}")

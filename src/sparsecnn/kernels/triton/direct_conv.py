@@ -49,7 +49,7 @@ from ...formats import ChunkedCSRWeight, OffsetCSRWeight, UniformELLWeight
 from ...layers import ConvSpec
 from ..configs import (check_kernel_shape, check_pow2_field, check_residual, check_triton_input, config_from_dict,
                        current_device, launch_spec, pow2_at_least, stride_padding)
-from ..batch_inner import batch_inner_view, is_batch_inner
+from ..batch_inner import is_batch_inner, new_output
 from .direct_batch import launch_batch, padded_batch_inner
 from .epilogue import store_epilogue
 from .launch import launch
@@ -414,13 +414,6 @@ def _check_batch_variant(spec: ConvSpec, config: DirectConfig) -> None:
         raise ValueError(f"variant 'batch': the padded input of {padded} elements exceeds int32 offsets")
 
 
-def new_output(shape: Tuple[int, ...], x: torch.Tensor, config: DirectConfig) -> torch.Tensor:
-    """An uninitialised (N, K, P, Q) output of x's dtype and device in config.out_layout."""
-    if config.out_layout == "batch_inner":
-        return batch_inner_view(shape, x.dtype, x.device)
-    return torch.empty(shape, dtype=x.dtype, device=x.device)
-
-
 def _padded_nchw(x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
     """(N, C, H, W) in any layout -> contiguous (N, C, H + 2 pad_h, W + 2 pad_w) with a zero border.
 
@@ -529,7 +522,7 @@ def direct_conv2d_arrays(x: torch.Tensor, values: torch.Tensor, offsets: torch.T
     _check_bias(bias, spec.K, x)
     check_residual(residual, spec.output_shape, x)
     if out is None:
-        out = new_output(spec.output_shape, x, config)
+        out = new_output(spec.output_shape, x, config.out_layout)
     else:
         _check_out(out, spec.output_shape, x, config.variant)
     return _run(x, arrays, bias, residual, out, spec, config, relu)
@@ -621,7 +614,7 @@ class BoundDirectCall:
             return out
         _check_bias(bias, plan.spec.K, x)
         check_residual(residual, plan.spec.output_shape, x)
-        out = new_output(plan.spec.output_shape, x, plan.config)
+        out = new_output(plan.spec.output_shape, x, plan.config.out_layout)
         return _run(x, arrays, bias, residual, out, plan.spec, plan.config, relu)
 
 
