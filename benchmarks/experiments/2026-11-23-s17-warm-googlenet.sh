@@ -13,4 +13,5 @@ wait
 echo "warm: $((SECONDS - start)) s"
 cat "$OUT"/warm-part*.log | grep -E "^compiled|AUTOTUNE (conv|mm)|benchmarking takes" >"$OUT/warm-googlenet.txt"
 grep -c "benchmarking takes" "$OUT/warm-googlenet.txt"; grep "^compiled" "$OUT/warm-googlenet.txt"
+for log in "$OUT"/warm-part*.log; do echo "== $log"; grep -v "^E1123" "$log" | tail -n 15; done >"$OUT/warm-tails.txt"
 rm -f "$OUT"/warm-part*.log
