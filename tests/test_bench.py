@@ -163,6 +163,8 @@ def test_bench_model_compiles_dense_and_sparse_models_in_the_same_mode(monkeypat
                        modes=("compile",), progress=False, timing=FAST, compile_mode="reduce-overhead")
     assert compiled_modes == ["reduce-overhead", "reduce-overhead"]
     assert [(row["backend"], row["mode"]) for row in rows] == [("cudnn", "compile"), ("auto", "compile")]
+    assert [row["config"]["compile_mode"] for row in rows] == ["reduce-overhead", "reduce-overhead"]
+    assert "| cudnn | compile (reduce-overhead) |" in markdown_table(rows)
 
 
 def test_bench_model_limits_tuning_to_the_named_backends():

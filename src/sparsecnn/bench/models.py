@@ -172,7 +172,10 @@ def _time_modes(model: nn.Module, x: torch.Tensor, ref: torch.Tensor, modes: Seq
 
 
 def _row(base: Dict[str, Any], backend: str, config: Optional[dict], mode: str,
-         stats: Dict[str, float]) -> Dict[str, Any]:
+         stats: Dict[str, float], compile_mode: Optional[str]) -> Dict[str, Any]:
+    """One result row; a "compile" row's config records `torch.compile`'s mode ("compile_mode")."""
+    if mode == "compile":
+        config = {**(config or {}), "compile_mode": compile_mode or "default"}
     row = {**base, "backend": backend, "config": config, "mode": mode, **stats}
     return {name: row[name] for name in FIELDS}
 
@@ -241,7 +244,7 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     rows = []
     for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
         runnable, x_cast, config = _variant(model, x, dtype, variant, backends, run_mode)
-        rows += [_row(base, variant, config, mode, stats)
+        rows += [_row(base, variant, config, mode, stats, compile_mode)
                  for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, compile_mode)]
         del runnable, x_cast
         free_memory(device)

@@ -174,6 +174,12 @@ def _conv_share(row: Row, by_run: Dict[Tuple[str, str], Row]) -> str:
     return f"{config['conv_ms'] / eager['median_ms']:.0%}{dense}"
 
 
+def _mode_label(row: Row) -> str:
+    """The row's mode, with `torch.compile`'s mode for "compile" rows that record it."""
+    config = row["config"] if isinstance(row["config"], dict) else {}
+    return f"{row['mode']} ({config['compile_mode']})" if "compile_mode" in config else row["mode"]
+
+
 def _model_markdown(key: tuple, by_run: Dict[Tuple[str, str], Row]) -> str:
     device, model, n, dtype, sparsity, pattern = key
     dense_modes = [mode for backend, mode in by_run if backend == CUDNN]
@@ -182,7 +188,7 @@ def _model_markdown(key: tuple, by_run: Dict[Tuple[str, str], Row]) -> str:
         error = "—" if row["rel_err"] is None else f"{row['rel_err']:.1e}"
         ratios = [_times(_ratio(by_run.get((CUDNN, dense_mode)), row)) for dense_mode in dense_modes]
         tune = row["config"].get("tune_s") if isinstance(row["config"], dict) else None
-        body.append([backend, mode, _ms(row), *ratios, error,
+        body.append([backend, _mode_label(row), _ms(row), *ratios, error,
                      _conv_share(row, by_run) if mode == "eager" else "",
                      "" if tune is None or mode != "eager" else f"{tune:.1f}"])
     title = f"### {model} · N={n} · {dtype} · sparsity {sparsity:g} · {pattern} · {device}"
