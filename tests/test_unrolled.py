@@ -130,6 +130,18 @@ def test_layers_the_kernel_cannot_take_are_refused_with_the_reason():
         unrolled.check_layer(_spec(512, 256, 256, 64, 64, 3, 1, 1), unrolled.UnrolledConfig())
 
 
+def test_the_non_zero_limit_can_be_raised_by_the_environment(monkeypatch):
+    spec = _spec(32, 64, 64, 14, 14, 3, 1, 1)
+    monkeypatch.setenv(unrolled.MAX_FMAS_ENV_VAR, str(unrolled.MAX_KERNEL_FMAS * 2))
+    unrolled.check_layer(spec, unrolled.UnrolledConfig(), nnz=unrolled.MAX_KERNEL_FMAS + 1)
+    with pytest.raises(ValueError, match="non-zeros"):
+        unrolled.check_layer(spec, unrolled.UnrolledConfig(), nnz=unrolled.MAX_KERNEL_FMAS * 2 + 1)
+    for bad in ("0", "-5", "many"):
+        monkeypatch.setenv(unrolled.MAX_FMAS_ENV_VAR, bad)
+        with pytest.raises(ValueError, match=unrolled.MAX_FMAS_ENV_VAR):
+            unrolled.max_kernel_fmas()
+
+
 @needs_tools
 def test_every_candidate_compiles_without_spills():
     spec = _spec(32, 64, 96, 14, 14, 3, 1, 1)

@@ -5,7 +5,7 @@ Each layer and input shape is compiled on its first `bind` (through the codegen 
 layer compiled before costs a file read), or taken from a worker process that `prefetch` set
 compiling while earlier layers were timed (`workers.WorkerPool`, at most
 $SPARSECNN_UNROLLED_WORKERS). A compile takes about 0.1-0.3 ms of ptxas per non-zero (the kernel takes
-at most `unrolled.MAX_KERNEL_FMAS`), so `auto` tries one config per layer (`unrolled.auto_config`)
+at most `unrolled.max_kernel_fmas()`), so `auto` tries one config per layer (`unrolled.auto_config`)
 and only on outputs of at most 28x28 (`_auto_configs`): larger feature maps were not measured to
 gain (a 56x56 1x1 layer ran 0.92x `direct` "batch"). Runs go through the op
 `sparsecnn::unrolled_conv2d`, which takes the compiled kernel by a handle (see ops.py) and fuses
@@ -122,7 +122,7 @@ def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias
     """Start compiling `configs` (None: those `auto` tries) for inputs of `spec`'s shape in workers,
     unless the weight has more non-zeros than the kernel takes."""
     weight = weight.detach().to("cpu", torch.float32).contiguous()
-    if _spec_check(spec) is not None or int(torch.count_nonzero(weight)) > _kernels().MAX_KERNEL_FMAS:
+    if _spec_check(spec) is not None or int(torch.count_nonzero(weight)) > _kernels().max_kernel_fmas():
         return
     if configs is None:
         configs = _auto_configs(spec, dtype)

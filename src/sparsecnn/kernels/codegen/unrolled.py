@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -47,6 +48,7 @@ _MAX_GRID_Y = 65535
 # of worker time and tuned in 99 s from empty caches (target 60 s); its 5 layers over 60k saved
 # about 0.1 ms of the model's 3.9.
 MAX_KERNEL_FMAS = 60_000
+MAX_FMAS_ENV_VAR = "SPARSECNN_UNROLLED_MAX_NNZ"
 OUT_LAYOUTS = ("nchw", "batch_inner")
 BK_CHOICES = (32, 16, 8)
 MIN_THREADS_PER_COLUMN = 85   # `auto_config`: threads per input column (C*R*S) a group walks
@@ -92,8 +94,21 @@ def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
     padded = spec.C * (spec.H + 2 * spec.padding[0]) * (spec.W + 2 * spec.padding[1]) * spec.N
     if 4 * padded >= 2 ** 31 or 4 * spec.K * spec.P * spec.Q * spec.N >= 2 ** 31:
         raise ValueError("the unrolled kernel addresses input and output with 32-bit byte offsets: layer too large")
-    if nnz > MAX_KERNEL_FMAS:
-        raise ValueError(f"{nnz} non-zeros exceed the unrolled kernel's {MAX_KERNEL_FMAS} (compile time)")
+    if nnz > max_kernel_fmas():
+        raise ValueError(f"{nnz} non-zeros exceed the unrolled kernel's {max_kernel_fmas()} (compile time; "
+                         f"${MAX_FMAS_ENV_VAR} raises it)")
+
+
+def max_kernel_fmas() -> int:
+    """The most non-zeros one layer's kernel may hold: $SPARSECNN_UNROLLED_MAX_NNZ (a positive int)
+    when set, else MAX_KERNEL_FMAS. Raising it trades tuning time (ptxas) for larger layers; layers
+    tuned to `unrolled` under a raised limit need it again to bind."""
+    text = os.environ.get(MAX_FMAS_ENV_VAR, "").strip()
+    if not text:
+        return MAX_KERNEL_FMAS
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"${MAX_FMAS_ENV_VAR} must be a positive int, got {text!r}")
+    return int(text)
 
 
 def candidate_configs(spec: ConvSpec, nnz: int) -> List[UnrolledConfig]:
