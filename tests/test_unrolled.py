@@ -73,6 +73,22 @@ def test_groups_partition_the_channels_and_balance_their_non_zeros():
     assert max(work) - min(work) <= max(np.count_nonzero(weight.reshape(40, -1), axis=1))
 
 
+def test_modules_are_consecutive_runs_of_groups_under_the_non_zero_limit():
+    weight = np.zeros((40, 8, 3, 3), np.float32)
+    for k in range(40):
+        weight[k].flat[: (k * 7) % 61] = 1.0
+    groups = unrolled_source.channel_groups(weight, 4)
+    counts = [int(np.count_nonzero(weight[group])) for group in groups]
+    for limit in (1, max(counts), 2 * max(counts) + 1, sum(counts)):
+        runs = unrolled_source.split_groups(weight, groups, limit)
+        assert [group for run in runs for group in run] == groups
+        sizes = [sum(int(np.count_nonzero(weight[group])) for group in run) for run in runs]
+        assert all(size <= limit or len(run) == 1 for size, run in zip(sizes, runs))
+        assert all(a + int(np.count_nonzero(weight[b[0]])) > limit for a, b in zip(sizes, runs[1:]))  # runs are full
+    assert len(unrolled_source.split_groups(weight, groups, 1)) == len(groups)
+    assert len(unrolled_source.split_groups(weight, groups, sum(counts))) == 1
+
+
 def test_columns_list_each_non_zero_once_at_its_padded_offset():
     spec = _spec(2, 3, 5, 6, 7, 3, 1, 1)
     weight = _weight(spec).numpy()
@@ -105,9 +121,10 @@ def test_every_candidate_computes_the_convolution_on_the_cpu(shape):
         config = dataclasses.replace(config, out_layout=layout)
         with_epilogue = index % 2 == 0
         args = (bias, residual, True) if with_epilogue else (None, None, False)
+        part_fmas = (None, 1, 40)[index % 3]   # one module, one per group, runs of groups
         y = run_unrolled_on_cpu(x.numpy(), weight.numpy(), spec, config,
                                 *(None if a is None else (a.numpy() if isinstance(a, torch.Tensor) else a)
-                                  for a in args))
+                                  for a in args), part_fmas=part_fmas)
         assert not np.isnan(y).any(), config
         assert relative_error(torch.from_numpy(y), _reference(x, weight, *args, spec)) < 1e-6, config
 
@@ -241,7 +258,7 @@ def test_a_compiled_kernel_travels_between_processes_and_registers_by_identity()
     from sparsecnn.ops import codegen_kernel, register_codegen
 
     spec = _spec(2, 3, 4, 5, 5, 1, 1, 0)
-    compiled = unrolled.CompiledUnrolled(b"cubin", spec, unrolled.UnrolledConfig(), 0.5, 32, 0)
+    compiled = unrolled.CompiledUnrolled((b"cubin", b"other"), (3, 1), spec, unrolled.UnrolledConfig(), 0.5, 32, 0)
     rebuilt = unrolled.CompiledUnrolled(*pickle.loads(pickle.dumps(compiled.fields())))
     assert rebuilt.fields() == compiled.fields() and rebuilt is not compiled
     handles = register_codegen(compiled), register_codegen(rebuilt)
@@ -259,8 +276,24 @@ def test_a_cached_kernel_is_found_without_writing_its_ptx(tmp_path, monkeypatch)
     monkeypatch.setattr(unrolled, "kernel_ptx", lambda *args: pytest.fail("a cache hit wrote the PTX"))
     again = unrolled.compile_layer(weight, dataclasses.replace(spec, name="renamed"), unrolled.UnrolledConfig(8, 64),
                                    cache)
-    assert again.cubin == first.cubin and again.registers == -1
+    assert again.cubins == first.cubins and again.registers == -1
     for other_weight, other_config in ((weight * 2, unrolled.UnrolledConfig(8, 64)),
                                        (weight, unrolled.UnrolledConfig(16, 64))):
         with pytest.raises(pytest.fail.Exception, match="wrote the PTX"):   # a different key: a compile
             unrolled.compile_layer(other_weight, spec, other_config, cache)
+
+
+@needs_tools
+def test_a_large_layer_compiles_as_several_modules_each_cached(tmp_path, monkeypatch):
+    from sparsecnn.kernels.codegen.toolchain import DiskCache
+
+    spec = _spec(4, 8, 33, 6, 6, 3, 1, 1)
+    weight, cache, config = _weight(spec), DiskCache(tmp_path), unrolled.UnrolledConfig(8, 64)
+    monkeypatch.setattr(unrolled, "PART_FMAS", int(weight.count_nonzero()) // 3)
+    compiled = unrolled.compile_layer(weight, spec, config, cache)
+    modules = unrolled.layer_modules(weight.numpy(), config)
+    assert len(compiled.cubins) == len(modules) >= 3 and compiled.registers > 0
+    assert compiled.group_counts == tuple(len(groups) for groups in modules) and sum(compiled.group_counts) == 5
+    assert len(set(compiled.cubins)) == len(compiled.cubins)
+    monkeypatch.setattr(unrolled, "kernel_ptx", lambda *args: pytest.fail("a cache hit wrote the PTX"))
+    assert unrolled.compile_layer(weight, spec, config, cache).cubins == compiled.cubins

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from sparsecnn.kernels.codegen import unrolled_source
+from sparsecnn.kernels.codegen import unrolled, unrolled_source
 
 _BASES = {"x": 1 << 40, "bias": 2 << 40, "res": 3 << 40, "y": 4 << 40}
 
@@ -135,11 +135,12 @@ class _Machine:
             raise AssertionError(f"the interpreter does not know {op}")
 
 
-def run_unrolled_on_cpu(x, weight, spec, config, bias, residual, relu) -> np.ndarray:
+def run_unrolled_on_cpu(x, weight, spec, config, bias, residual, relu, part_fmas=None) -> np.ndarray:
     """The kernel's (N, K, P, Q) output for x (N, C, H, W) and weight (K, C, R, S) float32 numpy,
     bias (K,) or None, residual (N, K, P, Q) or None, written in config.out_layout (the residual
-    read in it too); NaN where the kernel wrote nothing."""
-    ptx = unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads)
+    read in it too); NaN where the kernel wrote nothing. Every module of the layer runs
+    (`unrolled.layer_modules` with `part_fmas`), each with its own grid rows, as the launcher runs them."""
+    modules = unrolled.layer_modules(weight, config, part_fmas)
     n, k, p, q = spec.output_shape
     ph, pw = spec.padding
     padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
@@ -159,7 +160,9 @@ def run_unrolled_on_cpu(x, weight, spec, config, bias, residual, relu) -> np.nda
     args = {f"p_{name}": np.int64(base) for name, base in _BASES.items()}
     args.update(p_flags=np.int64(flags), p_sn=np.int64(strides["n"]), p_sk=np.int64(strides["k"]),
                 p_sp=np.int64(strides["p"]), p_sq=np.int64(strides["q"]))
-    for group in range(-(-k // config.bk)):
-        _Machine(ptx, buffers, grid_x, config.threads, group).run(unrolled_source.KERNEL_NAME, args)
+    for groups in modules:
+        ptx = unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads, groups)
+        for group in range(len(groups)):
+            _Machine(ptx, buffers, grid_x, config.threads, group).run(unrolled_source.KERNEL_NAME, args)
     memory_shape = [(n, k, p, q)[i] for i in order]
     return buffers["y"].reshape(memory_shape).transpose(np.argsort(order))

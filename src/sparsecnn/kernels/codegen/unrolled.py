@@ -22,13 +22,15 @@ input without padding in place, anything else packed first); output (N, K, P, Q)
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import os
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from ...layers import ConvSpec
@@ -49,6 +51,10 @@ _MAX_GRID_Y = 65535
 # about 0.1 ms of the model's 3.9.
 MAX_KERNEL_FMAS = 60_000
 MAX_FMAS_ENV_VAR = "SPARSECNN_UNROLLED_MAX_NNZ"
+# Non-zeros per compiled module (`layer_modules`): ptxas time grows faster than the module, so a larger
+# layer compiles as several modules at once, launched one after another (one launch more per module).
+PART_FMAS = 32_000
+_COMPILE_THREADS = 4   # ptxas processes per layer at once (layers compile in parallel workers too)
 OUT_LAYOUTS = ("nchw", "batch_inner")
 BK_CHOICES = (32, 16, 8)
 MIN_THREADS_PER_COLUMN = 85   # `auto_config`: threads per input column (C*R*S) a group walks
@@ -141,11 +147,14 @@ def auto_config(spec: ConvSpec) -> UnrolledConfig:
 
 @dataclasses.dataclass(eq=False)
 class CompiledUnrolled:
-    """One layer's kernel at one input shape: its cubin (loaded per device on first use), the
-    layer and config it runs, and what compiling it cost (registers -1: taken from the cache).
-    Compared and hashed by identity (the op's handle registry keys it weakly)."""
+    """One layer's kernel at one input shape: its cubins (one per module, `unrolled_source.split_groups`;
+    each loaded per device on first use) with the number of channel groups each computes, the layer
+    and config it runs, and what compiling it cost (registers: the most of any module, -1 when every
+    module came from the cache). Compared and hashed by identity (the op's handle registry keys it
+    weakly)."""
 
-    cubin: bytes
+    cubins: Tuple[bytes, ...]
+    group_counts: Tuple[int, ...]
     spec: ConvSpec
     config: UnrolledConfig
     compile_s: float
@@ -153,14 +162,18 @@ class CompiledUnrolled:
     spill_bytes: int
 
     def __post_init__(self):
-        self._loaded = LazyKernel(self.cubin, KERNEL_NAME)
+        if len(self.cubins) != len(self.group_counts) or not self.cubins:
+            raise ValueError(f"{len(self.cubins)} cubins for {len(self.group_counts)} group counts")
+        self._loaded = [LazyKernel(cubin, KERNEL_NAME) for cubin in self.cubins]
 
-    def kernel(self, device_index: int):
-        return self._loaded.kernel(device_index)
+    def kernels(self, device_index: int) -> List[Tuple[object, int]]:
+        """(loaded kernel, its number of groups) per module on CUDA device `device_index`."""
+        return [(kernel.kernel(device_index), groups) for kernel, groups in zip(self._loaded, self.group_counts)]
 
     def fields(self) -> tuple:
         """What rebuilds it in another process (`CompiledUnrolled(*fields)`): the loaded kernels stay."""
-        return self.cubin, self.spec, self.config, self.compile_s, self.registers, self.spill_bytes
+        return (self.cubins, self.group_counts, self.spec, self.config, self.compile_s, self.registers,
+                self.spill_bytes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,27 +191,43 @@ def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig) -> 
                                config.threads, _generator_digest(), toolchain.toolchain_id())
 
 
+def layer_modules(weight: np.ndarray, config: UnrolledConfig,
+                  part_fmas: Optional[int] = None) -> List[List[List[int]]]:
+    """The channel groups of each module a layer (weight (K, C, R, S)) compiles to: runs of at most
+    `part_fmas` (default PART_FMAS) non-zeros (`unrolled_source.split_groups`)."""
+    groups = unrolled_source.channel_groups(weight, config.bk)
+    return unrolled_source.split_groups(weight, groups, PART_FMAS if part_fmas is None else part_fmas)
+
+
 def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
                   cache: Optional[DiskCache] = None) -> CompiledUnrolled:
     """The kernel of this layer (weight (K, C, R, S), zeros pruned, exact in float32) at spec's input
-    shape: its cubin from `cache` (default: the codegen disk cache; `_cache_key`) or ptxas. The
-    output layout is not compiled in (the launcher passes strides)."""
+    shape: its modules' cubins from `cache` (default: the codegen disk cache; `_cache_key`) or ptxas,
+    the missing modules compiled at once. The output layout is not compiled in (the launcher passes
+    strides)."""
     weight = weight.detach().to("cpu", torch.float32).contiguous()
     check_layer(spec, config, int(torch.count_nonzero(weight)))
     start = time.perf_counter()
     cache = cache or DiskCache()
+    modules = layer_modules(weight.numpy(), config)
     key = _cache_key(weight, spec, config)
-    cubin = cache.get(key, "cubin")
-    registers = spills = -1
-    if cubin is None:
+    suffixes = [f"{index}of{len(modules)}.cubin" for index in range(len(modules))]
+    cubins = [cache.get(key, suffix) for suffix in suffixes]
+    registers, spills = -1, 0
+    if None in cubins:
         with cache.exclusive(key):
-            cubin = cache.get(key, "cubin")
-            if cubin is None:
-                ptx = kernel_ptx(weight.numpy(), spec, config.bk, config.threads)
-                cubin, info, _ = toolchain.ptxas_cubin(ptx)
-                registers, spills = info.registers, info.spill_stores + info.spill_loads
-                cache.put(key, "cubin", cubin)
-    return CompiledUnrolled(cubin, spec, config, time.perf_counter() - start, registers, spills)
+            cubins = [cache.get(key, suffix) for suffix in suffixes]
+            missing = [index for index, cubin in enumerate(cubins) if cubin is None]
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(missing), _COMPILE_THREADS)) as pool:
+                results = pool.map(lambda index: toolchain.ptxas_cubin(
+                    kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index])), missing)
+                for index, (cubin, info, _) in zip(missing, results):
+                    cubins[index] = cubin
+                    registers = max(registers, info.registers)
+                    spills += info.spill_stores + info.spill_loads
+                    cache.put(key, suffixes[index], cubin)
+    return CompiledUnrolled(tuple(cubins), tuple(len(groups) for groups in modules), spec, config,
+                            time.perf_counter() - start, registers, spills)
 
 
 def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[torch.Tensor] = None,
@@ -234,12 +263,13 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
     one_by_one = spec.R == 1 and spec.S == 1
     xt = padded_batch_inner(x, *spec.padding, step=spec.stride if one_by_one else (1, 1))
     bias = None if bias is None else bias.contiguous()
-    grid = (-(-(spec.P * spec.Q * spec.N) // compiled.config.threads), -(-spec.K // compiled.config.bk), 1)
+    blocks = -(-(spec.P * spec.Q * spec.N) // compiled.config.threads)
     pointers = (xt.data_ptr(), bias.data_ptr() if bias is not None else 0,
                 residual.data_ptr() if residual is not None else 0, out.data_ptr())
     flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2
     stream = torch.cuda.current_stream(x.device).cuda_stream
     with torch.cuda.device(x.device):
-        compiled.kernel(x.device.index).launch(grid, (compiled.config.threads, 1, 1), pointers,
-                                               (flags, *out.stride()), stream)
+        for kernel, groups in compiled.kernels(x.device.index):
+            kernel.launch((blocks, groups, 1), (compiled.config.threads, 1, 1), pointers, (flags, *out.stride()),
+                          stream)
     return out
