@@ -238,6 +238,31 @@ def test_cuda_graph_replay_equals_eager_and_the_op_passes_opcheck():
 
 @gpu
 @needs_cuda
+def test_a_layer_in_several_modules_matches_the_reference_eagerly_and_in_a_cuda_graph(monkeypatch, tmp_path):
+    from sparsecnn.kernels.codegen.toolchain import DiskCache
+
+    spec = _spec(32, 64, 96, 28, 28, 3, 1, 1)
+    weight = _weight(spec, 0.9)
+    monkeypatch.setattr(unrolled, "PART_FMAS", int(weight.count_nonzero()) // 4)
+    config = unrolled.UnrolledConfig(16, 128, "batch_inner")
+    compiled = unrolled.compile_layer(weight, spec, config, DiskCache(tmp_path))
+    assert len(compiled.cubins) >= 4
+    x, bias = torch.randn(spec.input_shape, device="cuda"), torch.randn(spec.K, device="cuda")
+    residual = new_output(spec.output_shape, x, config.out_layout).copy_(torch.randn(spec.output_shape))
+    ref = _reference(x.cpu(), weight, bias.cpu(), residual.cpu(), True, spec)
+    torch.empty(4 * residual.numel(), device="cuda").fill_(float("nan"))   # poison the allocator's memory
+    assert relative_error(unrolled.unrolled_conv2d(x, compiled, bias, residual, True).cpu(), ref) < 1e-6
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_static = unrolled.unrolled_conv2d(x, compiled, bias, residual, True)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_static, unrolled.unrolled_conv2d(x, compiled, bias, residual, True))
+
+
+@gpu
+@needs_cuda
 def test_sparse_conv_on_the_backend_matches_the_reference_in_both_layouts():
     from sparsecnn.nn import SparseConv2d
 

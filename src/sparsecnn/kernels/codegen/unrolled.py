@@ -23,12 +23,14 @@ input without padding in place, anything else packed first); output (N, K, P, Q)
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import os
+import threading
 import time
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -52,7 +54,7 @@ _MAX_GRID_Y = 65535
 MAX_KERNEL_FMAS = 60_000
 MAX_FMAS_ENV_VAR = "SPARSECNN_UNROLLED_MAX_NNZ"
 # Non-zeros per compiled module (`layer_modules`): ptxas time grows faster than the module, so a larger
-# layer compiles as several modules at once, launched one after another (one launch more per module).
+# layer compiles as several modules at once, launched on concurrent streams (`_concurrent_streams`).
 PART_FMAS = 32_000
 _COMPILE_THREADS = 4   # ptxas processes per layer at once (layers compile in parallel workers too)
 OUT_LAYOUTS = ("nchw", "batch_inner")
@@ -267,9 +269,39 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
     pointers = (xt.data_ptr(), bias.data_ptr() if bias is not None else 0,
                 residual.data_ptr() if residual is not None else 0, out.data_ptr())
     flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2
-    stream = torch.cuda.current_stream(x.device).cuda_stream
+    kernels = compiled.kernels(x.device.index)
     with torch.cuda.device(x.device):
-        for kernel, groups in compiled.kernels(x.device.index):
-            kernel.launch((blocks, groups, 1), (compiled.config.threads, 1, 1), pointers, (flags, *out.stride()),
-                          stream)
+        with _concurrent_streams(x.device, len(kernels)) as streams:
+            for (kernel, groups), stream in zip(kernels, streams):
+                kernel.launch((blocks, groups, 1), (compiled.config.threads, 1, 1), pointers,
+                              (flags, *out.stride()), stream.cuda_stream)
     return out
+
+
+_SIDE_STREAMS: Dict[int, List[torch.cuda.Stream]] = {}
+_SIDE_STREAMS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _concurrent_streams(device: torch.device, count: int) -> Iterator[List[torch.cuda.Stream]]:
+    """`count` streams whose work runs concurrently and is ordered after the current stream's work so
+    far and before its work after the block: the current stream, then side streams (made once per
+    device) that wait for it on entry and that it waits for on exit (CUDA graphs capture the fork and
+    the join). A layer's modules each hold a share of its channel groups; one after another on one
+    stream, each launch would leave most of the GPU idle (VGG16's 28x28 layers ran 1.2x slower)."""
+    current = torch.cuda.current_stream(device)
+    if count == 1:
+        yield [current]
+        return
+    with _SIDE_STREAMS_LOCK:
+        side = _SIDE_STREAMS.setdefault(device.index, [])
+        while len(side) < count - 1:
+            side.append(torch.cuda.Stream(device))
+        side = side[:count - 1]
+    for stream in side:
+        stream.wait_stream(current)
+    try:
+        yield [current, *side]
+    finally:
+        for stream in side:
+            current.wait_stream(stream)
