@@ -53,9 +53,12 @@ _MAX_GRID_Y = 65535
 # about 0.1 ms of the model's 3.9.
 MAX_KERNEL_FMAS = 60_000
 MAX_FMAS_ENV_VAR = "SPARSECNN_UNROLLED_MAX_NNZ"
-# Non-zeros per compiled module (`layer_modules`): ptxas time grows faster than the module, so a larger
-# layer compiles as several modules at once, launched on concurrent streams (`_concurrent_streams`).
-PART_FMAS = 32_000
+# Non-zeros per compiled module (`layer_modules`): ptxas time grows faster than the module, so a layer
+# over the limit raised by $SPARSECNN_UNROLLED_MAX_NNZ compiles as several modules at once, launched on
+# concurrent streams (`_concurrent_streams`). Layers under the default limit stay one module: at 32k,
+# ResNet-50's split layers cost an extra launch and a stream fork each, and the model ran 7.60 against
+# 4.12 ms in eager mode (`benchmarks/results/2026-11-23-h100-s17-unrolled-modules-fe7801c.*`).
+PART_FMAS = MAX_KERNEL_FMAS
 _COMPILE_THREADS = 4   # ptxas processes per layer at once (layers compile in parallel workers too)
 OUT_LAYOUTS = ("nchw", "batch_inner")
 BK_CHOICES = (32, 16, 8)
@@ -278,7 +281,8 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
     return out
 
 
-_SIDE_STREAMS: Dict[int, List[torch.cuda.Stream]] = {}
+_SIDE_STREAMS: Dict[int, List[Tuple[torch.cuda.Stream, torch.cuda.Event]]] = {}
+_FORK_EVENTS: Dict[int, torch.cuda.Event] = {}
 _SIDE_STREAMS_LOCK = threading.Lock()
 
 
@@ -286,9 +290,10 @@ _SIDE_STREAMS_LOCK = threading.Lock()
 def _concurrent_streams(device: torch.device, count: int) -> Iterator[List[torch.cuda.Stream]]:
     """`count` streams whose work runs concurrently and is ordered after the current stream's work so
     far and before its work after the block: the current stream, then side streams (made once per
-    device) that wait for it on entry and that it waits for on exit (CUDA graphs capture the fork and
-    the join). A layer's modules each hold a share of its channel groups; one after another on one
-    stream, each launch would leave most of the GPU idle (VGG16's 28x28 layers ran 1.2x slower)."""
+    device, with their events) that wait for it on entry and that it waits for on exit (CUDA graphs
+    capture the fork and the join). A layer's modules each hold a share of its channel groups; one
+    after another on one stream, each launch left most of the GPU idle (VGG16's 28x28 layers ran 1.2x
+    slower)."""
     current = torch.cuda.current_stream(device)
     if count == 1:
         yield [current]
@@ -296,12 +301,15 @@ def _concurrent_streams(device: torch.device, count: int) -> Iterator[List[torch
     with _SIDE_STREAMS_LOCK:
         side = _SIDE_STREAMS.setdefault(device.index, [])
         while len(side) < count - 1:
-            side.append(torch.cuda.Stream(device))
+            side.append((torch.cuda.Stream(device), torch.cuda.Event()))
         side = side[:count - 1]
-    for stream in side:
-        stream.wait_stream(current)
+        fork = _FORK_EVENTS.setdefault(device.index, torch.cuda.Event())
+    fork.record(current)
+    for stream, _ in side:
+        stream.wait_event(fork)
     try:
-        yield [current, *side]
+        yield [current, *(stream for stream, _ in side)]
     finally:
-        for stream in side:
-            current.wait_stream(stream)
+        for stream, joined in side:
+            joined.record(stream)
+            current.wait_event(joined)
