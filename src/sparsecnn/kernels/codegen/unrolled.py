@@ -169,11 +169,16 @@ class CompiledUnrolled:
     def __post_init__(self):
         if len(self.cubins) != len(self.group_counts) or not self.cubins:
             raise ValueError(f"{len(self.cubins)} cubins for {len(self.group_counts)} group counts")
-        self._loaded = [LazyKernel(cubin, KERNEL_NAME) for cubin in self.cubins]
+        self._lazy = [LazyKernel(cubin, KERNEL_NAME) for cubin in self.cubins]
+        self._loaded: Dict[int, List[Tuple[object, int]]] = {}
 
     def kernels(self, device_index: int) -> List[Tuple[object, int]]:
         """(loaded kernel, its number of groups) per module on CUDA device `device_index`."""
-        return [(kernel.kernel(device_index), groups) for kernel, groups in zip(self._loaded, self.group_counts)]
+        loaded = self._loaded.get(device_index)
+        if loaded is None:
+            loaded = [(kernel.kernel(device_index), groups) for kernel, groups in zip(self._lazy, self.group_counts)]
+            self._loaded[device_index] = loaded
+        return loaded
 
     def fields(self) -> tuple:
         """What rebuilds it in another process (`CompiledUnrolled(*fields)`): the loaded kernels stay."""
@@ -273,11 +278,18 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
                 residual.data_ptr() if residual is not None else 0, out.data_ptr())
     flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2
     kernels = compiled.kernels(x.device.index)
+    ints = (flags, *out.stride())
+
+    def launch(kernel, groups: int, stream: torch.cuda.Stream) -> None:
+        kernel.launch((blocks, groups, 1), (compiled.config.threads, 1, 1), pointers, ints, stream.cuda_stream)
+
     with torch.cuda.device(x.device):
+        if len(kernels) == 1:   # eager calls are CPU-bound: no stream fork for one module
+            launch(*kernels[0], torch.cuda.current_stream(x.device))
+            return out
         with _concurrent_streams(x.device, len(kernels)) as streams:
             for (kernel, groups), stream in zip(kernels, streams):
-                kernel.launch((blocks, groups, 1), (compiled.config.threads, 1, 1), pointers,
-                              (flags, *out.stride()), stream.cuda_stream)
+                launch(kernel, groups, stream)
     return out
 
 
@@ -295,9 +307,6 @@ def _concurrent_streams(device: torch.device, count: int) -> Iterator[List[torch
     after another on one stream, each launch left most of the GPU idle (VGG16's 28x28 layers ran 1.2x
     slower)."""
     current = torch.cuda.current_stream(device)
-    if count == 1:
-        yield [current]
-        return
     with _SIDE_STREAMS_LOCK:
         side = _SIDE_STREAMS.setdefault(device.index, [])
         while len(side) < count - 1:
