@@ -3,8 +3,8 @@
 source scripts/device-env.sh
 for round in 1 2; do
     for tree in s16 head; do
-        src=$PWD/src; [ "$tree" = s16 ] && src=$PWD/.carry/s16/src
-        PYTHONPATH=$src SPARSECNN_CACHE_DIR=/tmp/sc-ab-$tree timeout 150 python3 -m sparsecnn.cli bench model resnet50 \
+        src=$PWD/src commit=$SPARSECNN_COMMIT; [ "$tree" = s16 ] && src=$PWD/.carry/s16/src commit=94cd53c
+        SPARSECNN_COMMIT=$commit PYTHONPATH=$src SPARSECNN_CACHE_DIR=/tmp/sc-ab-$tree timeout 120 python3 -m sparsecnn.cli bench model resnet50 \
             --batch 32 --dtype fp32 --pattern dlmc-magnitude_pruning --sparsity 0.9 --modes eager,cudagraph \
             --out "$OUT/models.jsonl" >"$OUT/ab-$tree-$round.log" 2>&1
         echo "$tree round $round:"; grep -E "^\| auto \| (eager|cudagraph)" "$OUT/ab-$tree-$round.log" | head -2
