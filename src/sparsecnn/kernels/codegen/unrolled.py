@@ -9,7 +9,9 @@ accumulators and, per input column (c, r, s) of its group, loads its input once 
 non-zero of that column in the group: at 90% sparsity and bk = 32 about 3 FMAs per load, and no
 index or weight is loaded (they are code). The price is code: one FMA instruction per non-zero,
 compiled per layer (ptxas: about 0.1-0.3 ms per non-zero, so 1-30 s for ResNet-50's layers; cached
-on disk).
+on disk). A layer over PART_FMAS non-zeros (only under a limit raised by $SPARSECNN_UNROLLED_MAX_NNZ)
+compiles as several modules at once (ptxas time grows faster than the code), run on concurrent
+streams.
 
 Measured (H100, ResNet-50 DLMC 0.9, N=32, fp32, batch-innermost input and output, over `direct`
 "batch" in the same run, `benchmarks/results/2026-11-23-h100-s16-unrolled-probe-d3c6c32.jsonl`):
