@@ -178,10 +178,18 @@ def assert_graph_replay_equals_eager(backend, packed, x, bias, spec) -> None:
     with torch.cuda.stream(stream):
         backend.run(x, packed, bias, spec, None)
     torch.cuda.current_stream().wait_stream(stream)
+    assert_graph_replay_matches(lambda: backend.run(x, packed, bias, spec, None), x)
+
+
+def assert_graph_replay_matches(run, x) -> None:
+    """Capture run() (reading the CUDA tensor x; run eagerly before, so its kernels are loaded) in a
+    CUDA graph, replay it on new values of x, and compare with an eager run on them."""
+    import torch
+
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y_static = backend.run(x, packed, bias, spec, None)
+        y_static = run()
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(y_static, backend.run(x, packed, bias, spec, None))
+    assert torch.equal(y_static, run())

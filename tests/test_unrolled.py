@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from codegen_helpers import masked_weight, needs_tools, reference_with_epilogue
+from codegen_helpers import assert_graph_replay_matches, masked_weight, needs_tools, reference_with_epilogue
 from conftest import needs_cuda
 from sparsecnn.autotune.precision import resolve_policy
 from sparsecnn.autotune.select import candidates_for
@@ -227,13 +227,7 @@ def test_cuda_graph_replay_equals_eager_and_the_op_passes_opcheck():
     ref = _reference(x.cpu(), weight.cpu(), bias.cpu(), residual.cpu(), True, spec)
     assert relative_error(call(x, bias, residual, True).cpu(), ref) < 1e-6
     call(x, bias, residual, True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_static = call(x, bias, residual, True)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y_static, call(x, bias, residual, True))
+    assert_graph_replay_matches(lambda: call(x, bias, residual, True), x)
 
 
 @gpu
@@ -252,13 +246,7 @@ def test_a_layer_in_several_modules_matches_the_reference_eagerly_and_in_a_cuda_
     ref = _reference(x.cpu(), weight, bias.cpu(), residual.cpu(), True, spec)
     torch.empty(4 * residual.numel(), device="cuda").fill_(float("nan"))   # poison the allocator's memory
     assert relative_error(unrolled.unrolled_conv2d(x, compiled, bias, residual, True).cpu(), ref) < 1e-6
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_static = unrolled.unrolled_conv2d(x, compiled, bias, residual, True)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(y_static, unrolled.unrolled_conv2d(x, compiled, bias, residual, True))
+    assert_graph_replay_matches(lambda: unrolled.unrolled_conv2d(x, compiled, bias, residual, True), x)
 
 
 @gpu
