@@ -57,9 +57,9 @@ MAX_KERNEL_FMAS = 60_000
 MAX_FMAS_ENV_VAR = "SPARSECNN_UNROLLED_MAX_NNZ"
 # Non-zeros per compiled module (`layer_modules`): ptxas time grows faster than the module, so a layer
 # over the limit raised by $SPARSECNN_UNROLLED_MAX_NNZ compiles as several modules at once, launched on
-# concurrent streams (`_concurrent_streams`). Layers under the default limit stay one module: at 32k,
-# ResNet-50's split layers cost an extra launch and a stream fork each, and the model ran 7.60 against
-# 4.12 ms in eager mode (`benchmarks/results/2026-11-23-h100-s17-unrolled-modules-fe7801c.*`).
+# concurrent streams (`_concurrent_streams`). Layers under the default limit stay one module: split
+# at 32k, ResNet-50 tuned from empty caches in 45.4 and 54.9 s against 53.5 s unsplit (no gain), and
+# each split layer costs a launch and a stream fork (`benchmarks/results/...-s17-unrolled-modules-*`).
 PART_FMAS = MAX_KERNEL_FMAS
 _COMPILE_THREADS = 4   # ptxas processes per layer at once (layers compile in parallel workers too)
 OUT_LAYOUTS = ("nchw", "batch_inner")
@@ -230,7 +230,7 @@ def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
         with cache.exclusive(key):
             cubins = [cache.get(key, suffix) for suffix in suffixes]
             missing = [index for index, cubin in enumerate(cubins) if cubin is None]
-            with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(missing), _COMPILE_THREADS)) as pool:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(missing), _COMPILE_THREADS))) as pool:
                 results = pool.map(lambda index: toolchain.ptxas_cubin(
                     kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index])), missing)
                 for index, (cubin, info, _) in zip(missing, results):
@@ -309,18 +309,18 @@ def _concurrent_streams(device: torch.device, count: int) -> Iterator[List[torch
     after another on one stream, each launch left most of the GPU idle (VGG16's 28x28 layers ran 1.2x
     slower)."""
     current = torch.cuda.current_stream(device)
-    with _SIDE_STREAMS_LOCK:
+    with _SIDE_STREAMS_LOCK:   # held to the join: the streams and events serve one caller at a time
         side = _SIDE_STREAMS.setdefault(device.index, [])
         while len(side) < count - 1:
             side.append((torch.cuda.Stream(device), torch.cuda.Event()))
         side = side[:count - 1]
         fork = _FORK_EVENTS.setdefault(device.index, torch.cuda.Event())
-    fork.record(current)
-    for stream, _ in side:
-        stream.wait_event(fork)
-    try:
-        yield [current, *(stream for stream, _ in side)]
-    finally:
-        for stream, joined in side:
-            joined.record(stream)
-            current.wait_event(joined)
+        fork.record(current)
+        for stream, _ in side:
+            stream.wait_event(fork)
+        try:
+            yield [current, *(stream for stream, _ in side)]
+        finally:
+            for stream, joined in side:
+                joined.record(stream)
+                current.wait_event(joined)
