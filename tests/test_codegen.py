@@ -557,3 +557,15 @@ def test_sparse_conv2d_runs_on_codegen():
     with torch.no_grad():
         assert relative_error(module(x), ref) < 1e-5
     assert module.fallback_reason is None
+
+
+def test_lazy_kernels_load_each_cubin_once_per_device(monkeypatch):
+    loads = []
+    monkeypatch.setattr(loader_module, "load_kernel", lambda cubin, name, device, dynamic_smem=0:
+                        loads.append((cubin, name, device, dynamic_smem)) or (cubin, device))
+    lazy = loader_module.LazyKernels([b"a", b"b"], "k", dynamic_smem=64)
+    assert loads == []   # nothing loads before first use
+    assert lazy.kernels(0) == [(b"a", 0), (b"b", 0)] and lazy.kernels(0) is lazy.kernels(0)
+    assert lazy.kernels(1) == [(b"a", 1), (b"b", 1)]
+    assert loads == [(b"a", "k", 0, 64), (b"b", "k", 0, 64), (b"a", "k", 1, 64), (b"b", "k", 1, 64)]
+

@@ -69,7 +69,8 @@ def _no_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     return [None]
 
 
-def _never(config: Any) -> bool:
+def not_batch_inner(config: Any) -> bool:
+    """`Backend.batch_inner` of backends whose kernels read and write NCHW (the default)."""
     return False
 
 
@@ -123,7 +124,7 @@ class Backend:
     bind_relu: Optional[BindFn] = None
     pending: Optional[Callable[..., bool]] = None
     bind_pooled: Optional[Callable[..., Optional[KernelCall]]] = None
-    batch_inner: Callable[[Any], bool] = _never
+    batch_inner: Callable[[Any], bool] = not_batch_inner
     writes_nchw: bool = True
     compile_kernels: Optional[Callable[..., None]] = None
 

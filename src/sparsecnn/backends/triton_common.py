@@ -14,7 +14,7 @@ import torch
 from ..kernels.configs import interpreting
 from ..layers import ConvSpec
 from ..ops import config_json
-from .registry import Backend, register_backend
+from .registry import Backend, not_batch_inner, register_backend
 
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INT32_MAX = 2**31 - 1
@@ -63,7 +63,7 @@ def op_static_args(packed, spec: ConvSpec, config: Any) -> tuple:
 
 def register_triton_backend(name: str, description: str, kernels: Callable[[], ModuleType], config_class: str,
                             prepare, bind, prefetch=None, auto_configs=None,
-                            batch_inner: Callable[[Any], bool] = lambda config: False) -> Backend:
+                            batch_inner: Callable[[Any], bool] = not_batch_inner) -> Backend:
     """Register a Triton backend whose kernel module (imported lazily by `kernels()`) provides
     `candidate_configs(spec, dtype)` and the config dataclass named `config_class`; prefetch,
     auto_configs and batch_inner: see `Backend`."""

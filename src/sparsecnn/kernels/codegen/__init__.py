@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from . import plan as plan_module
 from .plan import (DEFAULT_MAX_KERNEL_FMAS, CodegenConfig, KernelPlan, candidate_configs, default_config,
                    dtype_name, make_plan)
 from .ptx_rewrite import RewriteError, RewriteStats, placeholder_sites, rewrite_ptx
-from .loader import LazyKernel
+from .loader import LazyKernels
 from .template import KERNEL_NAME
 from .toolchain import DiskCache, ToolchainError
 
@@ -310,18 +310,18 @@ class CompiledConv:
 
     def __init__(self, plan: KernelPlan, cubins: Sequence[bytes], report: CompileReport):
         self.plan, self.cubins, self.report = plan, list(cubins), report
-        self._slices = [LazyKernel(cubin, KERNEL_NAME) for cubin in self.cubins]
-        self._loaded: Dict[int, list] = {}
+        self._slices = LazyKernels(self.cubins, KERNEL_NAME)
+        self._checked: set = set()
 
     def kernels(self, device_index: int) -> list:
         """The loaded slice kernels on one device (loaded on first use)."""
-        if device_index not in self._loaded:
+        if device_index not in self._checked:
             capability = torch.cuda.get_device_capability(device_index)
             if capability != (9, 0):
                 raise RuntimeError(f"codegen builds sm_{toolchain.ARCH} cubins; device {device_index} is "
                                    f"sm_{capability[0]}{capability[1]}")
-            self._loaded[device_index] = [kernel.kernel(device_index) for kernel in self._slices]
-        return self._loaded[device_index]
+            self._checked.add(device_index)
+        return self._slices.kernels(device_index)
 
     def __call__(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                  out: Optional[torch.Tensor] = None) -> torch.Tensor:

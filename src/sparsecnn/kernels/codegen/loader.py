@@ -54,22 +54,27 @@ def load_kernel(cubin: bytes, name: str, device_index: int, loader: str = "", dy
     raise ValueError(f"unknown loader {loader!r}; expected one of {LOADERS}")
 
 
-class LazyKernel:
-    """The kernel `name` of one cubin, loaded on each device on first use (thread-safe): what every
-    generated kernel (codegen, staged, unrolled) keeps beside its cubin."""
+class LazyKernels:
+    """The kernel `name` of each of some cubins, loaded on each device on first use (thread-safe,
+    lock-free once loaded): what every generated kernel (codegen's slices, staged, unrolled's modules)
+    keeps beside its cubins."""
 
-    def __init__(self, cubin: bytes, name: str, dynamic_smem: int = 0):
-        self.cubin, self.name, self.dynamic_smem = cubin, name, dynamic_smem
-        self._kernels: Dict[int, object] = {}
+    def __init__(self, cubins: Sequence[bytes], name: str, dynamic_smem: int = 0):
+        self.cubins, self.name, self.dynamic_smem = tuple(cubins), name, dynamic_smem
+        self._loaded: Dict[int, list] = {}
         self._lock = threading.Lock()
 
-    def kernel(self, device_index: int):
-        """The loaded kernel on CUDA device `device_index` (`load_kernel`'s object)."""
-        with self._lock:
-            if device_index not in self._kernels:
-                self._kernels[device_index] = load_kernel(self.cubin, self.name, device_index,
-                                                          dynamic_smem=self.dynamic_smem)
-            return self._kernels[device_index]
+    def kernels(self, device_index: int) -> list:
+        """The loaded kernels (`load_kernel`'s objects), in cubin order, on CUDA device `device_index`."""
+        loaded = self._loaded.get(device_index)
+        if loaded is None:
+            with self._lock:
+                if device_index not in self._loaded:
+                    self._loaded[device_index] = [load_kernel(cubin, self.name, device_index,
+                                                              dynamic_smem=self.dynamic_smem)
+                                                  for cubin in self.cubins]
+                loaded = self._loaded[device_index]
+        return loaded
 
 
 def _cuda_driver():

@@ -47,7 +47,7 @@ from ..configs import (check_kernel_shape, check_residual, check_triton_input, c
                        stride_padding)
 from ..triton.direct_batch import padded_batch_inner
 from . import toolchain
-from .loader import LazyKernel
+from .loader import LazyKernels
 from .staged_source import IMAGES, KERNEL_NAME, LANES_PER_POSITION, kernel_source
 from .toolchain import DiskCache
 
@@ -173,7 +173,7 @@ def _blocks(spec: ConvSpec, tile_h: int, tile_w: int, rows_per_block: int) -> in
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_kernel(spec: ConvSpec, config: StagedConfig) -> LazyKernel:
+def compiled_kernel(spec: ConvSpec, config: StagedConfig) -> LazyKernels:
     """The kernel for this geometry (only R, S and the stride of `spec` matter) and config: its
     cubin from the disk cache (keyed by source and toolchain) or nvcc/ptxas."""
     source = kernel_source(spec, config)
@@ -187,7 +187,7 @@ def compiled_kernel(spec: ConvSpec, config: StagedConfig) -> LazyKernel:
                 ptx, _ = toolchain.nvcc_ptx(source)
                 cubin, _, _ = toolchain.ptxas_cubin(ptx)
                 cache.put(key, "cubin", cubin)
-    return LazyKernel(cubin, KERNEL_NAME, MAX_SMEM_BYTES)
+    return LazyKernels([cubin], KERNEL_NAME, MAX_SMEM_BYTES)
 
 
 def _geometry(spec: ConvSpec) -> ConvSpec:
@@ -328,8 +328,8 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
                 out.data_ptr())
     stream = torch.cuda.current_stream(x.device).cuda_stream
     with torch.cuda.device(x.device):
-        compiled.kernel(x.device.index).launch(grid, (config.warps * 32, 1, 1), pointers, ints, stream,
-                                               shared_bytes(spec, config, max_segment))
+        compiled.kernels(x.device.index)[0].launch(grid, (config.warps * 32, 1, 1), pointers, ints, stream,
+                                                   shared_bytes(spec, config, max_segment))
     return out
 
 

@@ -43,7 +43,7 @@ from ..batch_inner import new_output
 from ..configs import check_residual, check_triton_input, config_from_dict
 from ..triton.direct_batch import padded_batch_inner
 from . import toolchain, unrolled_source
-from .loader import LazyKernel
+from .loader import LazyKernels
 from .toolchain import DiskCache
 from .unrolled_source import KERNEL_NAME, kernel_ptx
 
@@ -171,16 +171,11 @@ class CompiledUnrolled:
     def __post_init__(self):
         if len(self.cubins) != len(self.group_counts) or not self.cubins:
             raise ValueError(f"{len(self.cubins)} cubins for {len(self.group_counts)} group counts")
-        self._lazy = [LazyKernel(cubin, KERNEL_NAME) for cubin in self.cubins]
-        self._loaded: Dict[int, List[Tuple[object, int]]] = {}
+        self._modules = LazyKernels(self.cubins, KERNEL_NAME)
 
-    def kernels(self, device_index: int) -> List[Tuple[object, int]]:
-        """(loaded kernel, its number of groups) per module on CUDA device `device_index`."""
-        loaded = self._loaded.get(device_index)
-        if loaded is None:
-            loaded = [(kernel.kernel(device_index), groups) for kernel, groups in zip(self._lazy, self.group_counts)]
-            self._loaded[device_index] = loaded
-        return loaded
+    def kernels(self, device_index: int) -> List[object]:
+        """The loaded kernel of each module on CUDA device `device_index` (group_counts: their groups)."""
+        return self._modules.kernels(device_index)
 
     def fields(self) -> tuple:
         """What rebuilds it in another process (`CompiledUnrolled(*fields)`): the loaded kernels stay."""
@@ -287,10 +282,10 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
 
     with torch.cuda.device(x.device):
         if len(kernels) == 1:   # eager calls are CPU-bound: no stream fork for one module
-            launch(*kernels[0], torch.cuda.current_stream(x.device))
+            launch(kernels[0], compiled.group_counts[0], torch.cuda.current_stream(x.device))
             return out
         with _concurrent_streams(x.device, len(kernels)) as streams:
-            for (kernel, groups), stream in zip(kernels, streams):
+            for kernel, groups, stream in zip(kernels, compiled.group_counts, streams):
                 launch(kernel, groups, stream)
     return out
 
