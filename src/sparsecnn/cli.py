@@ -66,7 +66,8 @@ def _cmd_bench_model(args) -> None:
                        pattern=args.pattern, backend=args.backend, device=_device(args),
                        modes=tuple(_split(args.modes)), seed=args.seed, checkpoint=args.checkpoint,
                        compile_mode=None if args.compile_mode == "default" else args.compile_mode,
-                       backends=_split(args.backends) if args.backends else None, run_mode=args.run_mode)
+                       backends=_split(args.backends) if args.backends else None, run_mode=args.run_mode,
+                       cudnn_benchmark=args.cudnn_benchmark)
     write_jsonl(rows, args.out)
     print(markdown_table(rows))
     tuned = next((row["config"] for row in rows if row["backend"] != "cudnn"), None)
@@ -235,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_model.add_argument("--backends", default=None,
                              help="with --backend auto: comma-separated sparse backends tuning may pick (default all)")
     bench_model.add_argument("--run-mode", choices=RUN_MODES, default="graph", help=RUN_MODE_HELP)
+    bench_model.add_argument("--cudnn-benchmark", action="store_true",
+                             help="torch.backends.cudnn.benchmark on for the whole run (dense and sparse alike)")
     _add_common(bench_model, 32)
     bench_model.set_defaults(run=_cmd_bench_model)
 

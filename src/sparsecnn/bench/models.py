@@ -172,10 +172,13 @@ def _time_modes(model: nn.Module, x: torch.Tensor, ref: torch.Tensor, modes: Seq
 
 
 def _row(base: Dict[str, Any], backend: str, config: Optional[dict], mode: str,
-         stats: Dict[str, float], compile_mode: Optional[str]) -> Dict[str, Any]:
-    """One result row; a "compile" row's config records `torch.compile`'s mode ("compile_mode")."""
+         stats: Dict[str, float], compile_mode: Optional[str], cudnn_benchmark: bool) -> Dict[str, Any]:
+    """One result row; a "compile" row's config records `torch.compile`'s mode ("compile_mode"), and
+    every row's config says `cudnn_benchmark: true` when the run had cudnn.benchmark on."""
     if mode == "compile":
         config = {**(config or {}), "compile_mode": compile_mode or "default"}
+    if cudnn_benchmark:
+        config = {**(config or {}), "cudnn_benchmark": True}
     row = {**base, "backend": backend, "config": config, "mode": mode, **stats}
     return {name: row[name] for name in FIELDS}
 
@@ -219,7 +222,8 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
                 run_id: Optional[str] = None, checkpoint: Optional[str | os.PathLike] = None,
                 progress: bool = True, timing: Optional[Dict[str, Any]] = None,
                 compile_mode: Optional[str] = "max-autotune",
-                backends: Optional[List[str]] = None, run_mode: str = "graph") -> List[Dict[str, Any]]:
+                backends: Optional[List[str]] = None, run_mode: str = "graph",
+                cudnn_benchmark: bool = False) -> List[Dict[str, Any]]:
     """Benchmark model `name` at `batch`; returns results rows of kind "model".
 
     Rows: backend "cudnn" (the pruned model run densely; fp16/bf16 in channels_last) in each mode,
@@ -230,9 +234,28 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     compile_mode: `torch.compile`'s mode for both models in mode "compile" (None: default).
     backends: with backend "auto", the only sparse backends tuning may pick (None: all; the sparse
     row's config records it). run_mode: what tuning times (`autotune_model`; the row's config
-    records it).
+    records it). cudnn_benchmark: run everything (dense baselines, tuning, timing) with
+    `torch.backends.cudnn.benchmark` on, so cuDNN times its engines for every convolution shape and
+    keeps the fastest (rows' config records it); the flag is restored on return.
     """
     _check_args(dtype, backend, modes)
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    try:
+        return _bench_model(name, batch=batch, dtype=dtype, sparsity=sparsity, pattern=pattern, backend=backend,
+                            device=device, modes=modes, seed=seed, run_id=run_id, checkpoint=checkpoint,
+                            progress=progress, timing=timing, compile_mode=compile_mode, backends=backends,
+                            run_mode=run_mode, cudnn_benchmark=cudnn_benchmark)
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
+def _bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: str, backend: str,
+                 device: torch.device | str, modes: Sequence[str], seed: int, run_id: Optional[str],
+                 checkpoint: Optional[str | os.PathLike], progress: bool, timing: Optional[Dict[str, Any]],
+                 compile_mode: Optional[str], backends: Optional[List[str]], run_mode: str,
+                 cudnn_benchmark: bool) -> List[Dict[str, Any]]:
+    """`bench_model`'s work, under the cudnn.benchmark setting it chose."""
     device, timing = torch.device(device), dict(timing or {})
     model, label, recorded_sparsity = _pruned_model(name, sparsity, pattern, seed, checkpoint)
     model = _round_model_(model, dtype).to(device)
@@ -244,7 +267,7 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     rows = []
     for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
         runnable, x_cast, config = _variant(model, x, dtype, variant, backends, run_mode)
-        rows += [_row(base, variant, config, mode, stats, compile_mode)
+        rows += [_row(base, variant, config, mode, stats, compile_mode, cudnn_benchmark)
                  for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, compile_mode)]
         del runnable, x_cast
         free_memory(device)
