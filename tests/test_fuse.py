@@ -407,3 +407,70 @@ def test_only_channel_concatenations_are_swapped():
     assert gm.fuse_report.swapped_concats == ["cat_1"]
     x = torch.randn(2, 3, 4, 5)
     assert torch.equal(gm(x), Cats()(x))
+
+
+def test_downsample_biases_move_into_the_convs_taking_them_as_residual():
+    model = _sparsify_weights(_randomise_batchnorms(build_model("resnet18-cifar"))).double().eval()
+    gm = prepare_for_inference(model)
+    moved = {f"layer{i}.0.downsample.0": f"layer{i}.0.conv2" for i in (2, 3, 4)}
+    assert gm.fuse_report.moved_biases == moved
+    folded = fold_batchnorm(model)
+    for producer, consumer in moved.items():
+        assert gm.get_submodule(producer).bias is None
+        expected = folded.get_submodule(producer).bias + folded.get_submodule(consumer).bias
+        assert torch.allclose(gm.get_submodule(consumer).bias, expected, rtol=0, atol=1e-12)
+    x = torch.randn(2, 3, 13, 13, dtype=torch.float64)
+    with torch.no_grad():
+        assert relative_error(gm(x), model(x)) < 1e-12
+
+
+class BiasFreeConvPlusShortcut(nn.Module):
+    """relu(conv_b(x) + shortcut(x)): conv_b has no bias, the shortcut has one."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv_b = nn.Conv2d(4, 6, 3, padding=1, bias=False)
+        self.shortcut = nn.Conv2d(4, 6, 1)
+
+    def forward(self, x):
+        return torch.relu(self.conv_b(x) + self.shortcut(x))
+
+
+def test_bias_moves_into_a_consumer_without_one():
+    model = BiasFreeConvPlusShortcut().eval()
+    gm = prepare_for_inference(model)
+    assert gm.fuse_report.moved_biases == {"shortcut": "conv_b"}
+    assert gm.shortcut.bias is None and torch.equal(gm.conv_b.bias, model.shortcut.bias)
+    x = torch.randn(2, 4, 7, 7)
+    with torch.no_grad():
+        assert relative_error(gm(x), model(x)) < 1e-6
+
+
+class ResidualWithOtherUses(nn.Module):
+    """conv_b takes conv_r's output as residual, but that output is also returned (relu'd or not): its
+    bias must stay."""
+
+    def __init__(self, relu_residual: bool):
+        super().__init__()
+        self.conv_b = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv_r = nn.Conv2d(3, 4, 1)
+        self.relu_residual = relu_residual
+
+    def forward(self, x):
+        r = self.conv_r(x)
+        if self.relu_residual:
+            return self.conv_b(x) + torch.relu(r)
+        return self.conv_b(x) + r, r
+
+
+@pytest.mark.parametrize("relu_residual", [False, True])
+def test_bias_stays_where_the_residual_has_other_uses_or_an_activation(relu_residual):
+    model = ResidualWithOtherUses(relu_residual).eval()
+    gm = prepare_for_inference(model)
+    assert gm.fuse_report.moved_biases == {}
+    assert gm.conv_r.bias is not None
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        got, want = gm(x), model(x)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert relative_error(a, b) < 1e-6

@@ -28,6 +28,7 @@ from .graph import called_module, module_calls
 from .linear import SplitKLinear
 from .merge import merge_sibling_convs
 from .pool import MaxPool2d, max_pool2d
+from .residual_bias import move_residual_biases
 from .sparse_conv import SparseConv2d
 
 Masks = Dict[str, torch.Tensor]
@@ -52,13 +53,15 @@ class FuseReport:
     swapped_linears: List[str] = field(default_factory=list)  # nn.Linear paths, now SplitKLinear
     fused_pools: List[str] = field(default_factory=list)  # convs that now end in their max pool
     merged_convs: Dict[str, List[str]] = field(default_factory=dict)  # merged conv -> sibling convs in it
+    moved_biases: Dict[str, str] = field(default_factory=dict)  # conv -> conv taking its output as residual and its bias
 
     def summary(self) -> str:
         return (f"{len(self.folded_batchnorms)} BatchNorms folded, {len(self.fused_relus)} ReLUs and "
                 f"{len(self.fused_adds)} residual adds fused, {len(self.swapped_pools)} max pools, "
                 f"{len(self.swapped_linears)} linears and {len(self.swapped_concats)} concatenations swapped, "
                 f"{len(self.fused_pools)} max pools moved into their convs, "
-                f"{sum(map(len, self.merged_convs.values()))} sibling convs merged into {len(self.merged_convs)}")
+                f"{sum(map(len, self.merged_convs.values()))} sibling convs merged into {len(self.merged_convs)}, "
+                f"{len(self.moved_biases)} residual convs' biases moved into their consumers")
 
 
 class _Tracer(fx.Tracer):
@@ -381,7 +384,9 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
     is written and the input's memory layout is kept) and, where it is the only use of a 2-D conv
     without a residual, moved into that conv (`SparseConv2d.pool`), sibling convs (same input and
     geometry, e.g. an inception block's 1x1 convs) merged into one whose output's channel slices
-    replace theirs (`merge.merge_sibling_convs`), and every torch.cat along the channels for
+    replace theirs (`merge.merge_sibling_convs`), the bias of a conv whose output is only another conv's
+    residual (a ResNet downsample) moved into that conv's bias (`residual_bias.move_residual_biases`:
+    the downsample then runs without a bias pass), and every torch.cat along the channels for
     `concat.cat_channels` (same values; batch-innermost inputs give a batch-innermost output). Every
     nn.Linear called as a module becomes a `linear.SplitKLinear` sharing its parameters (splits 1, i.e.
     F.linear, until `autotune_model` times split-K GEMMs for it).
@@ -411,6 +416,7 @@ def prepare_for_inference(model: nn.Module, masks: Optional[Masks] = None,
     report.swapped_pools = _swap_max_pools(gm)
     report.fused_pools = _fuse_pools(gm)
     report.merged_convs = merge_sibling_convs(gm)
+    report.moved_biases = move_residual_biases(gm)
     report.swapped_concats = _swap_concats(gm)
     report.swapped_linears = _swap_linears(gm)
     return _finish(gm, report)
