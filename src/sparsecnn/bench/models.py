@@ -202,19 +202,21 @@ def _input(name: str, batch: int, seed: int, device: torch.device, dtype: str) -
 def _variant(model: nn.Module, x: torch.Tensor, dtype: str, backend: str, backends: Optional[List[str]],
              run_mode: str = "graph") -> Tuple[nn.Module, torch.Tensor, Optional[dict]]:
     """(copy of `model` to run, its input, the row's config) for backend "cudnn" (the masked model in
-    dtype, channels_last for fp16/bf16) or a sparse backend (`prepare_for_inference`, then
-    `sparsify_` at the dtype's precision policy, NCHW; config: see `_sparse_choices`)."""
+    dtype) or a sparse backend (`prepare_for_inference`, then `sparsify_` at the dtype's precision
+    policy; config: see `_sparse_choices`). Both get the same input: x in dtype, channels_last for
+    fp16/bf16 (where cuDNN runs NHWC), else NCHW."""
     stored = torch_dtype(dtype)
+    layout = torch.channels_last if stored in (torch.float16, torch.bfloat16) else torch.contiguous_format
     if backend == CUDNN:
-        layout = torch.channels_last if stored in (torch.float16, torch.bfloat16) else torch.contiguous_format
         dense = copy.deepcopy(model).to(dtype=stored, memory_format=layout)
         return dense, x.to(dtype=stored, memory_format=layout), None
     sparse = prepare_for_inference(copy.deepcopy(model))
     start = time.perf_counter()
     with precision(dtype):
-        sparsify_(sparse, x, backend=backend, dtype=dtype, backends=backends, progress=False, run_mode=run_mode)
-    return sparse, x.to(stored), {**_sparse_choices(sparse, time.perf_counter() - start), "backends": backends,
-                                  "run_mode": run_mode}
+        sparsify_(sparse, x.contiguous(memory_format=layout), backend=backend, dtype=dtype, backends=backends,
+                  progress=False, run_mode=run_mode)
+    return sparse, x.to(dtype=stored, memory_format=layout), {
+        **_sparse_choices(sparse, time.perf_counter() - start), "backends": backends, "run_mode": run_mode}
 
 
 def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: str, backend: str = "auto",
