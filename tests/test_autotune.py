@@ -259,6 +259,14 @@ def test_no_candidate_running_is_a_clear_error():
         _tune(None, FakeTimer(failing={"dense", "im2col-cublas", "im2col-cusparse"}))
 
 
+def test_no_candidate_at_all_says_why_the_dense_backends_cannot_run():
+    spec = ConvSpec(2, 3, 5, 7, 7, 3, 3, 1, 1)
+    x = torch.randn(2, 3, 7, 7).half()
+    candidates = candidates_for(spec, POLICIES["fp16"], "cpu")
+    with pytest.raises(RuntimeError, match="no backend runs .* torch.float16 on cpu: dense does not support"):
+        pick_fastest(x, torch.randn(5, 3, 3, 3).half(), None, spec, candidates, FakeTimer())
+
+
 def _damage_truncate(path):
     path.write_text(path.read_text()[: len(path.read_text()) // 2])
 

@@ -218,6 +218,10 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     """
     if measure_top < 1:
         raise ValueError(f"measure_top must be >= 1, got {measure_top}")
+    if not candidates:
+        reasons = [get_backend(name).unsupported_reason(spec, x.dtype, x.device.type) for name in DENSE_BACKENDS]
+        raise RuntimeError(f"no backend runs {spec} in {x.dtype} on {x.device.type}: "
+                           + "; ".join(reason for reason in reasons if reason))
     clock = clock or PhaseClock()
     runners: Dict[Candidate, Callable[[], torch.Tensor]] = {}
     dropped: Dict[str, str] = {}
