@@ -6,6 +6,7 @@ from sparsecnn.bench import (
     FIELDS, bench_layers, bench_model, environment, markdown_table, plot_speedups, read_jsonl, render_report,
     validate_row, write_jsonl,
 )
+from sparsecnn.bench import models as bench_models
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
 from sparsecnn.layers import ConvSpec
@@ -174,6 +175,23 @@ def test_bench_model_limits_tuning_to_the_named_backends():
     assert choices["backends"] == ["im2col-cublas"]
     assert {layer["backend"] for layer in choices["layers"].values()} <= {"dense", "im2col-cublas"}
     assert rows[1]["rel_err"] < 1e-5
+
+
+def test_bench_model_runs_with_cudnn_benchmark_and_restores_the_flag(monkeypatch):
+    seen = []
+    original = bench_models._variant
+
+    def recording_variant(*args, **kwargs):
+        seen.append(torch.backends.cudnn.benchmark)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(bench_models, "_variant", recording_variant)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    rows = bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.8, pattern="random", device="cpu",
+                       modes=("eager",), progress=False, timing=FAST, cudnn_benchmark=True)
+    assert seen == [True, True] and torch.backends.cudnn.benchmark is False
+    assert [row["config"]["cudnn_benchmark"] for row in rows] == [True, True]
+    assert rows[1]["config"]["layers"] and rows[1]["rel_err"] < 1e-5
 
 
 def test_bench_model_reads_pruned_checkpoints(tmp_path):

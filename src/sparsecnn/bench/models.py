@@ -11,12 +11,13 @@ folded, ReLU and residual adds fused into the convs), then tuned (`sparsify_`). 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
 import time
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -183,6 +184,17 @@ def _row(base: Dict[str, Any], backend: str, config: Optional[dict], mode: str,
     return {name: row[name] for name in FIELDS}
 
 
+@contextlib.contextmanager
+def _cudnn_benchmark(enabled: bool) -> Iterator[None]:
+    """torch.backends.cudnn.benchmark set to `enabled` inside, restored on exit."""
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
 def _check_args(dtype: str, backend: str, modes: Sequence[str]) -> None:
     torch_dtype(dtype)
     if backend != "auto":
@@ -241,23 +253,6 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     keeps the fastest (rows' config records it); the flag is restored on return.
     """
     _check_args(dtype, backend, modes)
-    saved = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = cudnn_benchmark
-    try:
-        return _bench_model(name, batch=batch, dtype=dtype, sparsity=sparsity, pattern=pattern, backend=backend,
-                            device=device, modes=modes, seed=seed, run_id=run_id, checkpoint=checkpoint,
-                            progress=progress, timing=timing, compile_mode=compile_mode, backends=backends,
-                            run_mode=run_mode, cudnn_benchmark=cudnn_benchmark)
-    finally:
-        torch.backends.cudnn.benchmark = saved
-
-
-def _bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: str, backend: str,
-                 device: torch.device | str, modes: Sequence[str], seed: int, run_id: Optional[str],
-                 checkpoint: Optional[str | os.PathLike], progress: bool, timing: Optional[Dict[str, Any]],
-                 compile_mode: Optional[str], backends: Optional[List[str]], run_mode: str,
-                 cudnn_benchmark: bool) -> List[Dict[str, Any]]:
-    """`bench_model`'s work, under the cudnn.benchmark setting it chose."""
     device, timing = torch.device(device), dict(timing or {})
     model, label, recorded_sparsity = _pruned_model(name, sparsity, pattern, seed, checkpoint)
     model = _round_model_(model, dtype).to(device)
@@ -267,10 +262,11 @@ def _bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern:
     base = {"run": run_id or new_run_id(), "kind": "model", **environment(device), **_SHAPE_NULLS,
             "model": name, "N": batch, "dtype": dtype, "sparsity": recorded_sparsity, "pattern": label}
     rows = []
-    for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
-        runnable, x_cast, config = _variant(model, x, dtype, variant, backends, run_mode)
-        rows += [_row(base, variant, config, mode, stats, compile_mode, cudnn_benchmark)
-                 for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, compile_mode)]
-        del runnable, x_cast
-        free_memory(device)
+    with _cudnn_benchmark(cudnn_benchmark):
+        for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
+            runnable, x_cast, config = _variant(model, x, dtype, variant, backends, run_mode)
+            rows += [_row(base, variant, config, mode, stats, compile_mode, cudnn_benchmark)
+                     for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, compile_mode)]
+            del runnable, x_cast
+            free_memory(device)
     return rows
