@@ -57,24 +57,27 @@ def best_times(rows, dtype):
     return best
 
 
+def span(values):
+    """'geomean (min-max)' of positive ratios."""
+    values = list(values)
+    return f"{geomean(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
 def fp32_table(specs):
     print("| suite | layers | `direct` geomean (range) | better of `direct` / `staged` | L1 gather bound |")
     print("|---|---:|---|---:|---:|")
     by_suite = collections.defaultdict(list)
-    for (suite, layer, n), times in best_times(load("2026-11-25-h100-s19-direct-staged-fp32-3b5c6d2.jsonl"),
-                                               "fp32").items():
+    rows = load("2026-11-25-h100-s19-direct-staged-fp32-3b5c6d2.jsonl")
+    for (suite, layer, n), times in best_times(rows, "fp32").items():
         spec = specs[suite, layer].with_batch(n)
         floor_ms = (1 - SPARSITY) * spec.dense_flops / 2 / L1_FP32 * 1e3
+        fastest_ms = min(times["direct"], times.get("staged", math.inf))
         cudnn = times["cudnn"]
-        by_suite[f"{suite} N={n}"].append((cudnn / times["direct"], cudnn / min(times["direct"], times.get("staged", math.inf)),
-                                           cudnn / floor_ms))
-    every = []
-    for suite, values in [*by_suite.items(), ("all", None)]:
-        values = every if values is None else values
-        every += [] if suite == "all" else values
-        direct = [d for d, _, _ in values]
-        print(f"| {suite} | {len(values)} | {geomean(direct):.2f}x ({min(direct):.2f}-{max(direct):.2f}) | "
-              f"{geomean(b for _, b, _ in values):.2f}x | {geomean(f for _, _, f in values):.2f}x |")
+        by_suite[f"{suite} N={n}"].append((cudnn / times["direct"], cudnn / fastest_ms, cudnn / floor_ms))
+    every = [ratios for values in by_suite.values() for ratios in values]
+    for suite, values in [*by_suite.items(), ("all", every)]:
+        direct, fastest, bound = zip(*values)
+        print(f"| {suite} | {len(values)} | {span(direct)} | {geomean(fastest):.2f}x | {geomean(bound):.2f}x |")
 
 
 def fp16_table(specs):
@@ -92,8 +95,8 @@ def fp16_table(specs):
         by_suite[f"{suite} N={n}"].append((times["cudnn"] / times["direct"], times["cudnn"] / (floor_s * 1e3)))
     large = [v for suite, values in by_suite.items() if not suite.endswith(" N=1") for v in values]
     for suite, values in [*by_suite.items(), ("all at N >= 32", large)]:
-        reached, bound = [r for r, _ in values], [b for _, b in values]
-        print(f"| {suite} | {len(values)} | {geomean(reached):.2f}x ({min(reached):.2f}-{max(reached):.2f}) | "
+        reached, bound = zip(*values)
+        print(f"| {suite} | {len(values)} | {span(reached)} | "
               f"{geomean(bound):.2f}x | {geomean(r / b for r, b in values):.2f} | {sum(b < 1.5 for b in bound)} |")
 
 
@@ -114,16 +117,17 @@ def blocks_table(specs):
         free = cudnn / free_ms if free_ms else math.inf
         by_suite[row["suite"]].append((cudnn / row["blocks_ms"], free, cudnn / hardware_ms, parts))
     for suite, values in by_suite.items():
-        share = [sum(v[3][i]["share_in_blocks"] for v in values) / len(values) for i in (0, 1)]
-        fill = [sum(fills) / len(fills) if fills else 0.0
-                for fills in ([v[3][i]["fill"] for v in values if v[3][i]["fill"]] for i in (0, 1))]
-        print(f"| {suite} | {len(values)} | {geomean(v[0] for v in values):.2f}x | {geomean(v[1] for v in values):.2f}x | "
-              f"{geomean(v[2] for v in values):.2f}x ({min(v[2] for v in values):.2f}-{max(v[2] for v in values):.2f}) | "
+        reached, free, hardware, parts = zip(*values)
+        share = [sum(p[i]["share_in_blocks"] for p in parts) / len(parts) for i in (0, 1)]
+        fills = [[p[i]["fill"] for p in parts if p[i]["fill"]] for i in (0, 1)]
+        fill = [sum(f) / len(f) if f else 0.0 for f in fills]
+        print(f"| {suite} | {len(values)} | {geomean(reached):.2f}x | {geomean(free):.2f}x | {span(hardware)} | "
               f"{share[0]:.2f} / {share[1]:.2f} | {fill[0]:.2f} / {fill[1]:.2f} |")
 
 
 def gather_table():
-    print("| layer | N | cuDNN fp32 ms | `direct` \"batch\" ms | tl.gather kernel ms (best of 6 configs) | over `direct` |")
+    print("| layer | N | cuDNN fp32 ms | `direct` \"batch\" ms | tl.gather kernel ms (best of 6 configs) |"
+          " over `direct` |")
     print("|---|---:|---:|---:|---:|---:|")
     for row in load("2026-11-25-h100-s19-gather-direct-e9a861b.jsonl"):
         print(f"| {row['layer']} | {row['N']} | {row['cudnn_ms']:.3f} | {row['direct_batch_ms']:.3f} | "
@@ -132,10 +136,11 @@ def gather_table():
 
 def main():
     specs = layer_specs()
-    for title, table in (("Issue 3, fp32 over cuDNN fp32 (TF32 off), sparsity 0.9", lambda: fp32_table(specs)),
-                         ("Issue 3, fp16 over cuDNN fp16 channels_last, memory-bound layers", lambda: fp16_table(specs)),
-                         ("Issue 3, the tl.gather kernel (fp32)", gather_table),
-                         ("Issue 4, fp16 over cuDNN fp16 channels_last, sparsity 0.9", lambda: blocks_table(specs))):
+    tables = (("Issue 3, fp32 over cuDNN fp32 (TF32 off), sparsity 0.9", lambda: fp32_table(specs)),
+              ("Issue 3, fp16 over cuDNN fp16 channels_last, memory-bound layers", lambda: fp16_table(specs)),
+              ("Issue 3, the tl.gather kernel (fp32)", gather_table),
+              ("Issue 4, fp16 over cuDNN fp16 channels_last, sparsity 0.9", lambda: blocks_table(specs)))
+    for title, table in tables:
         print(f"\n### {title}\n")
         table()
 
