@@ -42,12 +42,20 @@ def test_dong_suite_uses_output_sizes_from_the_paper():
 
 
 def test_every_suite_builds_with_its_paper_batch():
-    batches = {"pietron-vgg16": 128, "pietron-r50-1x1": 128, "optprune-resnet18-cifar": 32, "resnet50": 32}
+    batches = {"pietron-vgg16": 128, "pietron-r50-1x1": 128, "optprune-resnet18-cifar": 32, "resnet50": 32,
+               "pietron-cnn1d": 128}
     for name in suite_names():
         specs = get_suite(name)
         assert specs and all(s.name for s in specs)
         if name in batches:
             assert specs[0].N == batches[name]
+
+
+def test_cnn1d_suite_is_conv1d_as_one_row():
+    specs = {s.name: s for s in get_suite("pietron-cnn1d")}
+    k3 = specs["cnn1d-64x300-k3"]
+    assert (k3.H, k3.R, k3.W, k3.S, k3.P, k3.Q) == (1, 1, 300, 3, 1, 298)
+    assert k3.dense_flops == 2 * 128 * 64 * 64 * 3 * 298
 
 
 def test_resnet50_suite_is_every_conv_by_module_name():

@@ -1,7 +1,8 @@
 """Named layer suites from the papers in shared/papers, and suites read off our models.
 
 Static suites list (name, C, K, H_in, R, stride, padding); paper 002 Table 2 gives the *output*
-size, converted here to the input size.
+size, converted here to the input size. The 1-D suite lists (name, C, K, length, kernel size) of
+Conv1d layers (stride 1, no padding), described as H = R = 1.
 """
 from __future__ import annotations
 
@@ -36,9 +37,19 @@ OPTPRUNE_R18_CIFAR: List[_Row] = [
     ("r18c-layer4.0", 256, 512, 8, 3, 2, 1), ("r18c-layer4", 512, 512, 4, 3, 1, 1),
 ]
 
+# Paper 003 Table 8: the 1-D CNN autoencoder's layer "input 300x64" with kernels 2 and 3 (batch 128).
+# The paper gives no output channel count; 64 (as many as the input's) is our reading.
+PIETRON_CNN1D: List[Tuple[str, int, int, int, int]] = [
+    ("cnn1d-64x300-k2", 64, 64, 300, 2), ("cnn1d-64x300-k3", 64, 64, 300, 3),
+]
+
 
 def _static(rows: List[_Row], batch: int) -> List[ConvSpec]:
     return [ConvSpec(batch, c, k, h, h, r, r, s, p, name=name) for name, c, k, h, r, s, p in rows]
+
+
+def _static_1d(rows: List[Tuple[str, int, int, int, int]], batch: int) -> List[ConvSpec]:
+    return [ConvSpec(batch, c, k, 1, length, 1, size, name=name) for name, c, k, length, size in rows]
 
 
 def specs_from_model(model: torch.nn.Module, input_shape: Tuple[int, ...]) -> List[ConvSpec]:
@@ -79,6 +90,7 @@ SUITES: Dict[str, Tuple[Callable[[int], List[ConvSpec]], int]] = {
     "pietron-vgg16": (lambda n: _static(PIETRON_VGG16, n), 128),
     "pietron-r50-1x1": (lambda n: _static(PIETRON_R50_1X1, n), 128),
     "optprune-resnet18-cifar": (lambda n: _static(OPTPRUNE_R18_CIFAR, n), 32),
+    "pietron-cnn1d": (lambda n: _static_1d(PIETRON_CNN1D, n), 128),
     "resnet50": (_from_model("resnet50", 224), 32),
     "vgg16": (_from_model("vgg16", 224), 32),
     "googlenet": (_from_model("googlenet", 224), 32),
