@@ -13,6 +13,7 @@ import torch
 from .spec import ConvSpec
 
 _Row = Tuple[str, int, int, int, int, int, int]
+_Row1d = Tuple[str, int, int, int, int]
 
 DONG: List[_Row] = [
     ("lenet-conv1", 1, 20, 28, 5, 1, 0), ("lenet-conv2", 20, 50, 12, 5, 1, 0),
@@ -39,7 +40,7 @@ OPTPRUNE_R18_CIFAR: List[_Row] = [
 
 # Paper 003 Table 8: the 1-D CNN autoencoder's layer "input 300x64" with kernels 2 and 3 (batch 128).
 # The paper gives no output channel count; 64 (as many as the input's) is our reading.
-PIETRON_CNN1D: List[Tuple[str, int, int, int, int]] = [
+PIETRON_CNN1D: List[_Row1d] = [
     ("cnn1d-64x300-k2", 64, 64, 300, 2), ("cnn1d-64x300-k3", 64, 64, 300, 3),
 ]
 
@@ -48,7 +49,7 @@ def _static(rows: List[_Row], batch: int) -> List[ConvSpec]:
     return [ConvSpec(batch, c, k, h, h, r, r, s, p, name=name) for name, c, k, h, r, s, p in rows]
 
 
-def _static_1d(rows: List[Tuple[str, int, int, int, int]], batch: int) -> List[ConvSpec]:
+def _static_1d(rows: List[_Row1d], batch: int) -> List[ConvSpec]:
     return [ConvSpec(batch, c, k, 1, length, 1, size, name=name) for name, c, k, length, size in rows]
 
 
