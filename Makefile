@@ -19,5 +19,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q
 
+# On a GPU machine (torch with CUDA installed): the whole `gpu` suite in chunks, logs under $(OUT).
+gpu-test:
+	OUT=$${OUT:-out} bash scripts/gpu-test.sh all
+
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info

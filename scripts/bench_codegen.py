@@ -18,7 +18,7 @@ from the inputs in the row's dtype; fp16 rows also give cuDNN fp16's own rel_err
 our error <= 2x cuDNN's). All compiles run first, in parallel (--jobs), into a fresh cache
 directory unless --cache is given, so compile times are cold (but measured with that many compiles
 at once). A layer whose estimated compile time exceeds --max-compile-s is skipped with the reason,
-and no new measurement starts after --budget-s. Times: `sparsecnn.autotune.timing.benchmark` (CUDA
+and no new measurement starts after --budget-s. Times: `sparsecnn.tuning.timing.benchmark` (CUDA
 events, L2 flushed, medians), eager and replayed from a CUDA graph (no launch overhead).
 
     PYTHONPATH=src python scripts/bench_codegen.py --out codegen.jsonl [--quick] [--dtypes fp32 fp16]
@@ -46,14 +46,15 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from sparsecnn.autotune.timing import benchmark
+from sparsecnn.tuning.timing import benchmark
 from sparsecnn.backends import get_backend
 from sparsecnn.bench.env import environment, new_run_id
-from sparsecnn.kernels import codegen
-from sparsecnn.kernels.codegen import toolchain
-from sparsecnn.kernels.codegen.plan import MODES
-from sparsecnn.kernels.reference import relative_error
-from sparsecnn.layers import ConvSpec, get_suite
+from sparsecnn.backends.codegen.backend import generator as codegen
+from sparsecnn.core import toolchain
+from sparsecnn.backends.codegen.plan import MODES
+from sparsecnn.core.reference import relative_error
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.layers import get_suite
 
 TABLE3_LAYERS = ("alexnet-conv1", "resnet-conv1", "vgg-conv2")
 TABLE3_SPARSITY = tuple(round(0.1 * i, 1) for i in range(1, 10))

@@ -14,8 +14,8 @@ import argparse
 import torch
 
 from sparsecnn.bench.patterns import make_weight
-from sparsecnn.kernels.batch_inner import batch_inner_view
-from sparsecnn.kernels.codegen import staged
+from sparsecnn.core.batch_inner import batch_inner_view
+from sparsecnn.backends.staged.backend import kernel as staged
 from sparsecnn.layers import get_suite
 
 

@@ -4,21 +4,22 @@ Tunes the model as `sparsecnn bench model` does, then times eager calls two ways
 call over back-to-back calls (`bench model --modes eager` times each call after an L2 flush, which
 lets the CPU run ahead and hides part of its cost) and CPU time per call to issue
 the work (perf_counter around calls that are not synchronised; the GPU queue is deep enough for
-one call), alternately with Triton's own launches and `kernels/triton/launch.py`'s. Then cProfile
+one call), alternately with Triton's own launches and `core/triton_launch.py`'s. Then cProfile
 over the calls: the top functions by own time and by cumulative time.
 Usage: python scripts/profile_eager.py resnet50 --pattern dlmc-magnitude_pruning [--calls 50]
 """
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
 import time
 
 import torch
 
 from profile_model_kernels import model_parser, tuned_model  # this folder is on sys.path
-from sparsecnn.autotune.timing import eager_wall_ms
-from sparsecnn.kernels.triton import launch
+from sparsecnn.tuning.timing import eager_wall_ms
+from sparsecnn import settings
 
 
 def _cpu_ms_per_call(model: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
@@ -41,7 +42,7 @@ def main() -> None:
         for _ in range(5):
             sparse(x)
         for enabled in (False, True, False, True):  # the same process: Triton's launches vs ours
-            launch.ENABLED = enabled
+            os.environ[settings.FAST_LAUNCH.name] = "1" if enabled else "0"  # read at every launch
             wall = eager_wall_ms(lambda: sparse(x), x.device, args.calls)
             issue = _cpu_ms_per_call(sparse, x, args.calls)
             print(f"fast launches {'on ' if enabled else 'off'}: eager wall {wall:.3f} ms/call, "

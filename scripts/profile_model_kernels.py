@@ -43,8 +43,7 @@ def layer_kernel_ms(prof, runs: int = RUNS) -> dict:
     """{layer: Counter(kernel name -> GPU ms per call)} of each `conv:<layer>` range (`annotate_convs`),
     over `runs` profiled calls: the kernels whose start lies inside the range's GPU-side annotation.
     (The ranges' own `device_time_total` in `key_averages`, used before, overstated some layers:
-    layer2.0.conv2 of the DLMC ResNet-50 0.256 against 0.171 ms of kernels,
-    `benchmarks/results/2026-11-23-h100-s14-layer-kernels-cfb0a9f.txt`.)"""
+    layer2.0.conv2 of the DLMC ResNet-50 0.256 against 0.171 ms of kernels.)"""
     gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     ranges = [e for e in gpu if e.name.startswith("conv:")]
     layers = collections.defaultdict(collections.Counter)

@@ -26,7 +26,8 @@ import torch
 
 from sparsecnn.bench.layers import precision
 from sparsecnn.bench.models import _input, _pruned_model, _round_model_
-from sparsecnn.nn import prepare_for_inference, sparsify_
+from sparsecnn.passes.fuse import prepare_for_inference
+from sparsecnn.tuning.sparsify import sparsify_
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ with the re-training masks (zeros inside dense blocks trainable). Prints a markd
 over seeds) and writes one JSON line per model and seed to --out (own fields plus the environment:
 device, torch, triton, driver, commit, date).
 
---gpu adds layer timings (CUDA events, L2 flushed: `sparsecnn.autotune.timing.benchmark`; replays
+--gpu adds layer timings (CUDA events, L2 flushed: `sparsecnn.tuning.timing.benchmark`; replays
 of a CUDA graph unless --mode eager) in one --dtype: cuDNN dense, and backend `blocks` (its candidate tiles at the layer's t2, the fastest
 kept) on the pruned weight and, per B3, on the re-pruned weight two ways: "kept" packs the
 re-pruned blocks and remainder as they are (the paper's flow), "re-extracted" passes the re-pruned
@@ -49,7 +49,7 @@ except ImportError:  # run from a checkout without installing
 from sparsecnn.bench.env import environment, new_run_id
 from sparsecnn.data import Batches, load_digits_split
 from sparsecnn.data.digits import DigitsSplit
-from sparsecnn.formats import BlockParams, extract_blocks
+from sparsecnn.backends.blocks.format import BlockParams, extract_blocks
 from sparsecnn.models import build_model
 from sparsecnn.prune.methods import get_method, training_batches
 from sparsecnn.prune.reprune import reprune_, reprune_layer
@@ -208,7 +208,7 @@ def _slug(device: str) -> str:
 def _default_t2(args) -> int:
     """t2 of backend `blocks`' default config for --dtype (it depends on the dtype only)."""
     from sparsecnn.backends import get_backend
-    from sparsecnn.layers import ConvSpec
+    from sparsecnn.core.spec import ConvSpec
 
     dtype = torch.float16 if args.dtype == "fp16" else torch.float32
     return get_backend("blocks").default_config(ConvSpec(1, 64, 64, 1, 1, 1, 1), dtype).t2
@@ -235,10 +235,10 @@ def dlmc_layers(args, get_suite) -> list:
 
 def time_layer(spec, weight: torch.Tensor, t2: int, args) -> List[tuple]:
     """(pattern suffix, row fields) of cuDNN and of `blocks` on the pruned and re-pruned weight."""
-    from sparsecnn.autotune.timing import benchmark
+    from sparsecnn.tuning.timing import benchmark
     from sparsecnn.backends import get_backend
-    from sparsecnn.kernels.reference import relative_error
-    from sparsecnn.kernels.triton.blocks_conv import BlocksWeight
+    from sparsecnn.core.reference import relative_error
+    from sparsecnn.backends.blocks.kernel import BlocksWeight
 
     dtype = torch.float16 if args.dtype == "fp16" else torch.float32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False

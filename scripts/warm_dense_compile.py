@@ -1,8 +1,7 @@
 """Fill the inductor caches with a model's dense `torch.compile` baseline, before `bench model` times it.
 
 On the device image `torch.compile(mode="max-autotune")` spends 20-90 s autotuning each conv shape
-(`benchmarks/results/2026-11-22-h100-s8-maxautotune-r18c-partial.txt`; a 3x3 GoogLeNet shape: 20 s
-precompiling and 74 s benchmarking 17 choices, `...-s17-maxautotune-probe-4811f3a.txt`), so a
+(H100; a 3x3 GoogLeNet shape: 20 s precompiling and 74 s benchmarking 17 choices), so a
 ResNet-50 or a GoogLeNet outlasts one device call. Run this under `TORCHINDUCTOR_CACHE_DIR=D`
 (stopped by `timeout` if need be: each finished shape's choice is already on disk), keep D between
 calls, and the next call resumes; once it completes, `bench model ... --modes compile` under the same

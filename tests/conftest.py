@@ -1,32 +1,13 @@
-"""Shared fixtures: seeded RNG, the `gpu` marker's skip, sparse weights that are never all zero."""
+"""Fixtures every test gets: a throwaway tuning cache, a seeded RNG, and the `gpu` marker's skip
+without a GPU. Helpers shared by test files live in `helpers/`."""
 import os
-import subprocess
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 
 # Autotune decisions of test runs go to a throwaway directory, never the user's cache.
 os.environ.setdefault("SPARSECNN_CACHE_DIR", tempfile.mkdtemp(prefix="sparsecnn-test-cache-"))
-
-# Triton reads TRITON_INTERPRET when first imported: CPU runs of its kernels need it set beforehand.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
-needs_interpreter = pytest.mark.skipif(
-    not INTERPRET, reason="CPU runs of the Triton kernel need TRITON_INTERPRET=1 in the environment "
-                          "before triton is imported (the GPU variants of these tests run without it)")
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def run_python(code: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    """`code` in a fresh interpreter with sparsecnn importable (for checks on what a process imports)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout_s)
-
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET,
-                                reason="needs a CUDA GPU and TRITON_INTERPRET unset")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -41,10 +22,3 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-def sparse_weight(shape, sparsity: float, generator=None) -> torch.Tensor:
-    """Normal weights with a uniform random `sparsity` fraction set to exactly zero."""
-    weight = torch.randn(shape, generator=generator)
-    keep = torch.rand(shape, generator=generator) >= sparsity
-    return weight * keep

@@ -6,13 +6,15 @@ import sys
 from typing import List, Optional
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
-RUN_MODES = ("graph", "eager")  # nn.sparsify.RUN_MODES, kept here so that --help imports no torch
+# In the ImportError of an optional dependency (extras plot, data): its message says what to install.
+_MISSING_EXTRA = "pip install 'sparsecnn["
+RUN_MODES = ("graph", "eager")  # tuning.sparsify.RUN_MODES, kept here so that --help imports no torch
 RUN_MODE_HELP = ("what tuning times: 'graph' (GPU time: the model runs under CUDA graphs or torch.compile) or "
                  "'eager' (wall time of eager calls, launch cost included)")
 
 
 def _cmd_layers(args) -> None:
-    from .layers import get_suite
+    from sparsecnn.layers import get_suite
 
     print("| layer | N | C | K | H | W | R | S | stride | padding | P | Q | GFLOP |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -22,7 +24,7 @@ def _cmd_layers(args) -> None:
 
 
 def _cmd_backends(args) -> None:
-    from .backends import backend_names, get_backend
+    from sparsecnn.backends import backend_names, get_backend
 
     for name in backend_names():
         backend = get_backend(name)
@@ -38,8 +40,8 @@ def _device(args) -> str:
 
 
 def _cmd_bench_layers(args) -> None:
-    from .bench import bench_layers, markdown_table, write_jsonl
-    from .layers import get_suite
+    from sparsecnn.bench import bench_layers, markdown_table, write_jsonl
+    from sparsecnn.layers import get_suite
 
     specs = get_suite(args.suite, args.batch)
     if args.layers:
@@ -58,9 +60,9 @@ def _cmd_bench_layers(args) -> None:
 
 
 def _cmd_bench_model(args) -> None:
-    from .autotune.phases import format_phases
-    from .autotune.report import format_worker_jobs
-    from .bench import bench_model, markdown_table, write_jsonl
+    from sparsecnn.bench import bench_model, markdown_table, write_jsonl
+    from sparsecnn.tuning.phases import format_phases
+    from sparsecnn.tuning.report import format_worker_jobs
 
     rows = bench_model(args.name, batch=args.batch, dtype=args.dtype, sparsity=args.sparsity,
                        pattern=args.pattern, backend=args.backend, device=_device(args),
@@ -79,7 +81,7 @@ def _cmd_bench_model(args) -> None:
 
 
 def _cmd_report(args) -> None:
-    from .bench import markdown_table, plot_speedups, read_jsonl, render_report
+    from sparsecnn.bench import markdown_table, plot_results, read_jsonl, render_report
 
     rows = read_jsonl(args.results)
     if args.md:
@@ -88,12 +90,12 @@ def _cmd_report(args) -> None:
     else:
         print(markdown_table(rows))
     if args.plot:
-        plot_speedups(rows, args.plot)
+        plot_results(rows, args.plot)
         print(f"plot written to {args.plot}")
 
 
 def _cmd_demo(args) -> None:
-    from .demo import run_demo
+    from sparsecnn.demo import run_demo
 
     run_demo(args.model, args.sparsity, args.batch, args.device)
 
@@ -101,11 +103,18 @@ def _cmd_demo(args) -> None:
 def _cmd_prune(args) -> None:
     import torch
 
-    from .data import load_digits_split
-    from .models import build_model, default_input_shape
-    from .prune import format_sparsity_report, get_method, layer_sparsities, load_pruned, save_pruned
-    from .prune import prune_with, sparsity_report
-    from .prune.methods import top1_accuracy, train_dense_
+    from sparsecnn.data import load_digits_split
+    from sparsecnn.models import build_model, default_input_shape
+    from sparsecnn.prune import (
+        format_sparsity_report,
+        get_method,
+        layer_sparsities,
+        load_pruned,
+        prune_with,
+        save_pruned,
+        sparsity_report,
+    )
+    from sparsecnn.prune.methods import top1_accuracy, train_dense_
 
     get_method(args.method)
     quantizer = _quantizer(args.quantize)
@@ -148,7 +157,7 @@ def _input_shape(text: str) -> List[int]:
 
 
 def _cmd_compile(args) -> None:
-    from .artifact import compile_model
+    from sparsecnn.artifact import compile_model
 
     model = compile_model(args.model, args.checkpoint, _input_shape(args.input_shape), args.dtype,
                           _split(args.backends) if args.backends else None, args.output,
@@ -161,8 +170,8 @@ def _cmd_compile(args) -> None:
 def _cmd_load(args) -> None:
     import time
 
-    from .artifact import load
-    from .autotune.phases import format_phases
+    from sparsecnn.artifact import load
+    from sparsecnn.tuning.phases import format_phases
 
     start = time.perf_counter()
     model = load(args.artifact, args.device, cache_dir=args.cache_dir, progress=True)
@@ -175,7 +184,7 @@ def _cmd_load(args) -> None:
 
 def _quantizer(scheme: str):
     """None for "none", else the `sparsecnn.prune.quantize.QUANTIZERS` entry named `scheme`."""
-    from .prune.quantize import QUANTIZERS
+    from sparsecnn.prune.quantize import QUANTIZERS
 
     if scheme == "none":
         return None
@@ -243,7 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="tables and plots from a results file")
     report.add_argument("results")
-    report.add_argument("--plot", default=None, help="PNG path for the speedup plot")
+    report.add_argument("--plot", default=None,
+                        help="PNG path for the speedup plot: layers over cuDNN, models over the dense model "
+                             "(needs the plot extra)")
     report.add_argument("--md", default=None, help="write a markdown page (with plots) here")
     report.add_argument("--plot-dir", default=".", help="where the markdown page's plots go")
     report.set_defaults(run=_cmd_report)
@@ -301,6 +312,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         args.run(args)
     except (ValueError, TypeError, FileNotFoundError) as error:
+        print(f"sparsecnn: error: {error}", file=sys.stderr)
+        return 2
+    except ImportError as error:
+        if _MISSING_EXTRA not in str(error):  # not a missing optional dependency: a bug, keep the traceback
+            raise
         print(f"sparsecnn: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -9,9 +9,9 @@ model, so they are stored) and `codegen/` (the kernels of `codegen` layers). `lo
 it on the same kind of device without timing anything, never unpickling; elsewhere it re-tunes and
 warns why. Writes are atomic (temporary directory, then rename).
 """
-from .compiling import compile_model, load_checkpoint
-from .errors import ArtifactError
-from .loading import load
-from .manifest import FORMAT, VERSION
+from sparsecnn.artifact.compiling import compile_model, load_checkpoint
+from sparsecnn.artifact.errors import ArtifactError
+from sparsecnn.artifact.loading import load
+from sparsecnn.artifact.manifest import FORMAT, VERSION
 
 __all__ = ["ArtifactError", "FORMAT", "VERSION", "compile_model", "load", "load_checkpoint"]

@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Optional
 
-from ..kernels.codegen.toolchain import DiskCache, ToolchainError, toolchain_id
-from ..backends import get_backend
-from ..layers import ConvSpec
-from ..nn import SparseConv2d
+from sparsecnn.backends import get_backend
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.core.toolchain import DiskCache, ToolchainError, toolchain_id
+from sparsecnn.nn import SparseConv2d
 
 CODEGEN_DIR = "codegen"
 

@@ -20,17 +20,36 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import fx, nn
 
-from .. import __version__
-from ..autotune import LayerResult, Timer, environment_fingerprint
-from ..backends import config_to_dict
-from ..models import build_model
-from ..nn import SparseConv2d, SplitKLinear, autotune_model, prepare_for_inference
-from ..prune import load_pruned
-from .codegen_files import CODEGEN_DIR, current_toolchain, generates_code, record_kernels
-from .errors import ArtifactError
-from .manifest import FORMAT, VERSION, list_files, new_directory, publish, write_manifest
-from .packing import Unencodable, encode_packed
-from .tensors import WEIGHTS_FORMATS, default_weights_format, read_tensors, write_tensors
+from sparsecnn import __version__
+from sparsecnn.artifact.codegen_files import (
+    CODEGEN_DIR,
+    current_toolchain,
+    generates_code,
+    record_kernels,
+)
+from sparsecnn.artifact.errors import ArtifactError
+from sparsecnn.artifact.manifest import (
+    FORMAT,
+    VERSION,
+    list_files,
+    new_directory,
+    publish,
+    write_manifest,
+)
+from sparsecnn.artifact.packing import Unencodable, encode_packed
+from sparsecnn.artifact.tensors import (
+    WEIGHTS_FORMATS,
+    default_weights_format,
+    read_tensors,
+    write_tensors,
+)
+from sparsecnn.backends import config_to_dict
+from sparsecnn.models import build_model
+from sparsecnn.nn import SparseConv2d, SplitKLinear
+from sparsecnn.passes.fuse import prepare_for_inference
+from sparsecnn.prune import load_pruned
+from sparsecnn.tuning import LayerResult, Timer, environment_fingerprint
+from sparsecnn.tuning.sparsify import autotune_model
 
 SPEC_FIELDS = ("N", "C", "K", "H", "W", "R", "S", "stride", "padding", "dilation", "groups")
 PACKED_PREFIX = "packed/"  # tensor names of packed weights; state-dict keys never hold a "/"

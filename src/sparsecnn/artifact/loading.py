@@ -15,17 +15,25 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import fx
 
-from ..autotune import LayerResult, PhaseClock, Timer, TuneReport, environment_fingerprint
-from ..autotune.fingerprint import describe_difference
-from ..layers import ConvSpec
-from ..models import build_skeleton
-from ..nn import SparseConv2d, SplitKLinear, autotune_model, prepare_for_inference
-from .codegen_files import current_toolchain, install_codegen
-from .compiling import PACKED_PREFIX
-from .errors import ArtifactError
-from .manifest import MANIFEST, read_manifest, verify_files
-from .packing import decode_packed
-from .tensors import read_tensors
+from sparsecnn.artifact.codegen_files import current_toolchain, install_codegen
+from sparsecnn.artifact.compiling import PACKED_PREFIX
+from sparsecnn.artifact.errors import ArtifactError
+from sparsecnn.artifact.manifest import MANIFEST, read_manifest, verify_files
+from sparsecnn.artifact.packing import decode_packed
+from sparsecnn.artifact.tensors import read_tensors
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.models import build_skeleton
+from sparsecnn.nn import SparseConv2d, SplitKLinear
+from sparsecnn.passes.fuse import prepare_for_inference
+from sparsecnn.tuning import (
+    LayerResult,
+    PhaseClock,
+    Timer,
+    TuneReport,
+    environment_fingerprint,
+)
+from sparsecnn.tuning.fingerprint import describe_difference
+from sparsecnn.tuning.sparsify import autotune_model
 
 _LOAD_SEED = 0
 

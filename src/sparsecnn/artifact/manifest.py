@@ -23,8 +23,8 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict
 
-from .errors import ArtifactError
-from .tensors import file_record
+from sparsecnn.artifact.errors import ArtifactError
+from sparsecnn.artifact.tensors import file_record
 
 FORMAT = "sparsecnn-artifact"
 VERSION = 2  # 2: "linears" (SplitKLinear splits); the fuse report lists swapped linears

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from .errors import ArtifactError
+from sparsecnn.artifact.errors import ArtifactError
 
 
 class Unencodable(ValueError):

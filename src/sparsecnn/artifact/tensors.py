@@ -15,7 +15,7 @@ from typing import Dict
 
 import torch
 
-from .errors import ArtifactError
+from sparsecnn.artifact.errors import ArtifactError
 
 _ALIGNMENT = 64  # bytes: what torch's CPU allocator guarantees
 WEIGHTS_FORMATS = {"safetensors": "weights.safetensors", "pt": "weights.pt"}

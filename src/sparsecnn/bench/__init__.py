@@ -2,11 +2,11 @@
 
 Layering: `bench` uses every package below it; only the CLI imports `bench`.
 """
-from .env import environment
-from .layers import bench_layers
-from .models import bench_model
-from .report import markdown_table, plot_model_speedups, plot_speedups, render_report
-from .schema import FIELDS, read_jsonl, validate_row, write_jsonl
+from sparsecnn.bench.env import environment
+from sparsecnn.bench.layers import bench_layers
+from sparsecnn.bench.models import bench_model
+from sparsecnn.bench.report import markdown_table, plot_model_speedups, plot_results, plot_speedups, render_report
+from sparsecnn.bench.schema import FIELDS, read_jsonl, validate_row, write_jsonl
 
 __all__ = [
     "FIELDS",
@@ -15,6 +15,7 @@ __all__ = [
     "environment",
     "markdown_table",
     "plot_model_speedups",
+    "plot_results",
     "plot_speedups",
     "read_jsonl",
     "render_report",

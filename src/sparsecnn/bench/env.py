@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import os
 import platform
 import subprocess
 import uuid
@@ -12,7 +11,7 @@ from typing import Optional
 
 import torch
 
-COMMIT_ENV_VAR = "SPARSECNN_COMMIT"
+import sparsecnn.settings as settings
 
 
 def _utc_now() -> datetime.datetime:
@@ -37,8 +36,9 @@ def _command_output(args, cwd: Optional[Path] = None) -> Optional[str]:
 def git_commit() -> str:
     """$SPARSECNN_COMMIT when set (a copied tree's own git data can be stale), else the short commit
     of the git checkout holding this package, else "unknown"."""
-    if os.environ.get(COMMIT_ENV_VAR):
-        return os.environ[COMMIT_ENV_VAR]
+    commit = settings.commit()
+    if commit:
+        return commit
     commit = _command_output(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent)
     return commit or "unknown"
 

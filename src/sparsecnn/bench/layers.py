@@ -26,14 +26,14 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..autotune import benchmark
-from ..backends import Backend, config_to_dict, get_backend
-from ..kernels.reference import reference_conv, relative_error
-from ..layers import ConvSpec
-from .env import environment, new_run_id
-from .patterns import make_weight
-from .roofline import floor_ms, measure_ceilings
-from .schema import DTYPES, FIELDS, torch_dtype
+from sparsecnn.backends import Backend, config_to_dict, get_backend
+from sparsecnn.bench.env import environment, new_run_id
+from sparsecnn.bench.patterns import make_weight
+from sparsecnn.bench.roofline import floor_ms, measure_ceilings
+from sparsecnn.bench.schema import DTYPES, FIELDS, torch_dtype
+from sparsecnn.core.reference import reference_conv, relative_error
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.tuning import benchmark
 
 CUDNN = "cudnn"
 _HALF = (torch.float16, torch.bfloat16)

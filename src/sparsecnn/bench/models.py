@@ -23,18 +23,25 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..autotune import benchmark
-from ..autotune.timing import eager_benchmark
-from ..backends import config_to_dict, get_backend
-from ..kernels.reference import relative_error
-from ..models import build_model, default_input_shape
-from ..nn import SparseConv2d, prepare_for_inference, sparsify_
-from ..prune import apply_dlmc_, load_pruned, masks_from_weights, prune_magnitude_
-from ..prune.checkpoint import FORMAT as PRUNED_FORMAT
-from .env import environment, new_run_id
-from .layers import CUDNN, free_memory, precision, round_to
-from .patterns import DLMC_PREFIX
-from .schema import FIELDS, MODES, torch_dtype
+from sparsecnn.backends import config_to_dict, get_backend
+from sparsecnn.bench.env import environment, new_run_id
+from sparsecnn.bench.layers import CUDNN, free_memory, precision, round_to
+from sparsecnn.bench.patterns import DLMC_PREFIX
+from sparsecnn.bench.schema import FIELDS, MODES, torch_dtype
+from sparsecnn.core.reference import relative_error
+from sparsecnn.models import build_model, default_input_shape
+from sparsecnn.nn import SparseConv2d
+from sparsecnn.passes.fuse import prepare_for_inference
+from sparsecnn.prune import (
+    apply_dlmc_,
+    load_pruned,
+    masks_from_weights,
+    prune_magnitude_,
+)
+from sparsecnn.prune.checkpoint import FORMAT as PRUNED_FORMAT
+from sparsecnn.tuning import benchmark
+from sparsecnn.tuning.sparsify import sparsify_
+from sparsecnn.tuning.timing import eager_benchmark
 
 _SHAPE_NULLS = dict(suite=None, layer=None, C=None, K=None, H=None, W=None, R=None, S=None,
                     stride=None, padding=None, floor_ms=None)

@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..layers import ConvSpec
-from ..prune import dlmc_layer_mask, dlmc_sets, magnitude_mask
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.prune import dlmc_layer_mask, dlmc_sets, magnitude_mask
 
 DLMC_PREFIX = "dlmc-"
 

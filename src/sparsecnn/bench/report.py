@@ -3,7 +3,9 @@
 Layer rows are grouped by (device, suite, N, dtype, sparsity, pattern); the cuDNN baselines of the same
 (device, suite, N, sparsity, pattern) are shown beside every dtype group. A backend's speedup is
 cuDNN's median time at the group's dtype over the backend's; with several configs of one backend
-(`configs` "auto" or "all") the fastest is shown. Where rows repeat a measurement, the last one counts.
+(`configs` "auto" or "all") the fastest is shown. Model rows are compared with the dense model's
+rows. Where rows repeat a measurement, the last one counts. Plots need matplotlib (the `plot` extra),
+imported only when a plot is drawn.
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .layers import CUDNN
-from .schema import DTYPES
+from sparsecnn.bench.layers import CUDNN
+from sparsecnn.bench.schema import DTYPES
 
 Row = Dict[str, Any]
 _BASE_KEY = ("device", "suite", "N", "sparsity", "pattern")
@@ -209,9 +211,15 @@ def markdown_table(rows: Iterable[Row]) -> str:
     return "\n".join(parts)
 
 
-def _pyplot():
-    import matplotlib
+PLOT_EXTRA_HINT = "plotting needs matplotlib: pip install 'sparsecnn[plot]'"
 
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend; ImportError naming the `plot` extra without it."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError(PLOT_EXTRA_HINT) from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -240,48 +248,107 @@ def _save(plt, fig, path: str | os.PathLike) -> Path:
     return path
 
 
+def _bars(ax, labels: List[str], series: Dict[str, List[float]]) -> None:
+    """Grouped bars growing from 1× (one group per label, one bar per series), legend included."""
+    bar = 0.8 / max(len(series), 1)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar([x + (i - (len(series) - 1) / 2) * bar for x in range(len(labels))],
+               [value - 1 for value in values], bar, bottom=1.0, label=name)
+    ax.legend(fontsize=7)
+
+
+def _plotted_layer_groups(rows: List[Row]) -> List[_LayerGroup]:
+    return [group for group in _layer_groups(rows)
+            if any(group.speedup(layer, b) for layer in group.layers for b in group.backends)]
+
+
+def _layer_panel(ax, group: _LayerGroup) -> None:
+    _bars(ax, group.layers, {backend: [group.speedup(layer, backend) or math.nan for layer in group.layers]
+                             for backend in group.backends})
+    ax.set_xticks(range(len(group.layers)), group.layers, rotation=60, ha="right", fontsize=7)
+    _finish_axes(ax, group.title, f"speedup over cuDNN {group.dtype}")
+
+
+def _layer_width(groups: List[_LayerGroup]) -> float:
+    return max(6.0, 0.35 * max(len(g.layers) * len(g.backends) for g in groups) + 2)
+
+
 def plot_speedups(rows: Iterable[Row], path: str | os.PathLike) -> Path:
     """Bar chart (PNG) of each backend's speedup over cuDNN per layer, one panel per layer group,
     log scale with a line at 1×. ValueError if no layer has both a backend and a cuDNN row."""
-    groups = [group for group in _layer_groups(rows)
-              if any(group.speedup(layer, b) for layer in group.layers for b in group.backends)]
+    groups = _plotted_layer_groups(list(rows))
     if not groups:
         raise ValueError("rows: no layer has both a backend row and a cuDNN row to compare")
     plt = _pyplot()
-    width = max(6.0, 0.35 * max(len(g.layers) * len(g.backends) for g in groups) + 2)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(width, 3.8 * len(groups)), squeeze=False)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(_layer_width(groups), 3.8 * len(groups)), squeeze=False)
     for ax, group in zip(axes[:, 0], groups):
-        bar = 0.8 / len(group.backends)
-        for i, backend in enumerate(group.backends):
-            speedups = [group.speedup(layer, backend) or math.nan for layer in group.layers]
-            ax.bar([x + (i - (len(group.backends) - 1) / 2) * bar for x in range(len(group.layers))],
-                   [value - 1 for value in speedups], bar, bottom=1.0, label=backend)  # bars grow from 1×
-        ax.set_xticks(range(len(group.layers)), group.layers, rotation=60, ha="right", fontsize=7)
-        _finish_axes(ax, group.title, f"speedup over cuDNN {group.dtype}")
-        ax.legend(fontsize=7)
+        _layer_panel(ax, group)
     return _save(plt, fig, path)
 
 
+def model_speedups(rows: Iterable[Row]) -> Dict[str, Dict[str, float]]:
+    """End-to-end speedups of the model rows: "<model> N=<N> <dtype> s=<sparsity>" (plus the
+    pattern and device where rows differ in them) -> {"<backend> <mode>": dense ms / ms}, each
+    sparse row against the dense (cuDNN) row of the same run and mode. Where rows repeat a
+    measurement, the last one counts; rows without such a dense row are left out."""
+    model_rows = [row for row in rows if row["kind"] == "model"]
+    dense = {(row["run"], row["mode"]) + tuple(row[name] for name in _MODEL_KEY): row
+             for row in model_rows if row["backend"] == CUDNN}
+    several = {name: len({row[name] for row in model_rows}) > 1 for name in ("pattern", "device")}
+    speedups: Dict[str, Dict[str, float]] = {}
+    for row in model_rows:
+        base = dense.get((row["run"], row["mode"]) + tuple(row[name] for name in _MODEL_KEY))
+        ratio = None if row["backend"] == CUDNN else _ratio(base, row)
+        if ratio is not None:
+            label = (f"{row['model']} N={row['N']} {row['dtype']} s={row['sparsity']:g}"
+                     + "".join(f" {row[name]}" for name in ("pattern", "device") if several[name]))
+            speedups.setdefault(label, {})[f"{row['backend']} {_mode_label(row)}"] = ratio
+    return speedups
+
+
+def _model_panel(ax, speedups: Dict[str, Dict[str, float]]) -> None:
+    labels = list(speedups)
+    runs = sorted({run for by_run in speedups.values() for run in by_run})
+    _bars(ax, labels, {run: [speedups[label].get(run, math.nan) for label in labels] for run in runs})
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+    _finish_axes(ax, "End to end", "speedup over the dense model (same run, same mode)")
+
+
+def _model_width(speedups: Dict[str, Dict[str, float]]) -> float:
+    runs = {run for by_run in speedups.values() for run in by_run}
+    return max(6.0, 0.3 * len(speedups) * len(runs) + 2)
+
+
 def plot_model_speedups(rows: Iterable[Row], path: str | os.PathLike) -> Path:
-    """Bar chart (PNG) of the sparse model's speedup over dense cuDNN eager, per model group
-    (model, batch, dtype, sparsity) and mode, log scale with a line at 1x; the dense model's own
-    cudagraph/compile modes appear as "cudnn <mode>" bars. ValueError without a dense eager row."""
-    groups = {key: by_run for key, by_run in _model_groups(rows).items() if (CUDNN, "eager") in by_run}
-    if not groups:
-        raise ValueError("rows: no model group has a dense cuDNN eager row to compare with")
-    labels = [f"{model} N={n} {dtype} s={sparsity:g}" for (_, model, n, dtype, sparsity, _) in groups]
-    runs = sorted({run for by_run in groups.values() for run in by_run if run != (CUDNN, "eager")})
+    """Bar chart (PNG) of `model_speedups`: one group of bars per model (batch, dtype, sparsity),
+    one bar per sparse (backend, mode), log scale with a line at 1×. ValueError if no sparse model
+    row has a dense row of the same run and mode."""
+    speedups = model_speedups(rows)
+    if not speedups:
+        raise ValueError("rows: no model row has a dense (cudnn) model row of the same run and mode to compare")
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(groups) * len(runs) + 2), 4.5))
-    bar = 0.8 / max(len(runs), 1)
-    for i, run in enumerate(runs):
-        speedups = [_ratio(by_run[(CUDNN, "eager")], by_run[run]) if run in by_run else math.nan
-                    for by_run in groups.values()]
-        ax.bar([x + (i - (len(runs) - 1) / 2) * bar for x in range(len(groups))],
-               [value - 1 for value in speedups], bar, bottom=1.0, label=" ".join(run))
-    ax.set_xticks(range(len(groups)), labels, rotation=45, ha="right", fontsize=7)
-    _finish_axes(ax, "End to end", "speedup over dense cuDNN eager")
-    ax.legend(fontsize=7)
+    fig, ax = plt.subplots(figsize=(_model_width(speedups), 4.5))
+    _model_panel(ax, speedups)
+    return _save(plt, fig, path)
+
+
+def plot_results(rows: Iterable[Row], path: str | os.PathLike) -> Path:
+    """One PNG of everything comparable in `rows`: the `plot_speedups` panels of the layer rows,
+    then the `plot_model_speedups` panel of the model rows. ValueError if neither has anything."""
+    rows = list(rows)
+    groups, speedups = _plotted_layer_groups(rows), model_speedups(rows)
+    if not groups and not speedups:
+        raise ValueError("rows: nothing to plot: no layer has both a backend row and a cuDNN row, and no "
+                         "model row has a dense (cudnn) model row of the same run and mode")
+    plt = _pyplot()
+    heights = [3.8] * len(groups) + ([4.5] if speedups else [])
+    width = max(_layer_width(groups) if groups else 0.0, _model_width(speedups) if speedups else 0.0)
+    fig, axes = plt.subplots(len(heights), 1, figsize=(width, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, group in zip(axes[:, 0], groups):
+        _layer_panel(ax, group)
+    if speedups:
+        _model_panel(axes[-1, 0], speedups)
     return _save(plt, fig, path)
 
 
@@ -340,7 +407,7 @@ def render_report(rows: Iterable[Row], out_md: str | os.PathLike, plot_dir: str 
     out_md, plot_dir = Path(out_md), Path(plot_dir)
     parts = ["# Sparse convolution benchmarks", "", _environment_markdown(rows), "", markdown_table(rows)]
     plots = [("Speedup over cuDNN per layer", "speedups.png", plot_speedups),
-             ("End-to-end speedup over dense cuDNN eager", "models.png", plot_model_speedups)]
+             ("End-to-end speedup over the dense model (same run, same mode)", "models.png", plot_model_speedups)]
     if len({row["sparsity"] for row in rows if row["kind"] == "layer"}) > 1:
         plots.append(("Speedup over cuDNN against sparsity", "sparsity_sweep.png", plot_sparsity_sweep))
     for title, name, plot in plots:

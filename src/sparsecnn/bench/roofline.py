@@ -5,9 +5,9 @@ from typing import Dict
 
 import torch
 
-from ..autotune import benchmark
-from ..layers import ConvSpec
-from .schema import DTYPES
+from sparsecnn.bench.schema import DTYPES
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.tuning import benchmark
 
 # (bytes copied, matmul size n for n x n x n) per device type; CPU sizes keep it under ~2 s
 _SIZES = {"cuda": (1 << 30, 8192), "cpu": (64 << 20, 1024)}

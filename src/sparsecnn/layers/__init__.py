@@ -1,5 +1,4 @@
-"""Layer shapes (`ConvSpec`) and the named benchmark suites from the papers."""
-from .spec import ConvSpec
-from .suites import SUITES, get_suite, suite_names
+"""The named benchmark suites from the papers, and suites read off our models."""
+from sparsecnn.layers.suites import SUITES, get_suite, suite_names
 
-__all__ = ["ConvSpec", "SUITES", "get_suite", "suite_names"]
+__all__ = ["SUITES", "get_suite", "suite_names"]

@@ -10,7 +10,7 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from .spec import ConvSpec
+from sparsecnn.core.spec import ConvSpec
 
 _Row = Tuple[str, int, int, int, int, int, int]
 _Row1d = Tuple[str, int, int, int, int]
@@ -78,7 +78,7 @@ def specs_from_model(model: torch.nn.Module, input_shape: Tuple[int, ...]) -> Li
 
 def _from_model(model_name: str, hw: int) -> Callable[[int], List[ConvSpec]]:
     def build(batch: int) -> List[ConvSpec]:
-        from ..models import build_model
+        from sparsecnn.models import build_model
 
         return specs_from_model(build_model(model_name), (batch, 3, hw, hw))
 

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .googlenet import googlenet
-from .resnet import resnet18, resnet18_cifar, resnet34, resnet50
-from .small import alexnet_cifar, lenet5
-from .vgg import vgg16, vgg16_cifar
+from sparsecnn.models.googlenet import googlenet
+from sparsecnn.models.resnet import resnet18, resnet18_cifar, resnet34, resnet50
+from sparsecnn.models.small import alexnet_cifar, lenet5
+from sparsecnn.models.vgg import vgg16, vgg16_cifar
 
 # name -> (constructor taking num_classes, input shape (C, H, W))
 _MODELS: Dict[str, Tuple[Callable[..., nn.Module], Tuple[int, int, int]]] = {

@@ -1,7 +1,6 @@
-"""User-facing modules: `SparseConv2d`, `SplitKLinear`, `sparsify_` and `prepare_for_inference`."""
-from .fuse import prepare_for_inference
-from .linear import SplitKLinear
-from .sparse_conv import SparseConv2d
-from .sparsify import autotune_model, sparsify_
+"""Modules a sparsified model is made of: `SparseConv2d`, `SplitKLinear`, `MaxPool2d`."""
+from sparsecnn.nn.linear import SplitKLinear
+from sparsecnn.nn.pool import MaxPool2d
+from sparsecnn.nn.sparse_conv import SparseConv2d
 
-__all__ = ["SparseConv2d", "SplitKLinear", "autotune_model", "prepare_for_inference", "sparsify_"]
+__all__ = ["MaxPool2d", "SparseConv2d", "SplitKLinear"]

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from ..kernels.batch_inner import is_batch_inner
+from sparsecnn.core.batch_inner import is_batch_inner
 
 
 def cat_channels(tensors: Sequence[torch.Tensor], dim: int = 1) -> torch.Tensor:

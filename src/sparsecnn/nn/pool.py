@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.pool import POOL_DTYPES, PoolArgs
+from sparsecnn.core.pool_args import POOL_DTYPES, PoolArgs
 
 
 def _runs_kernel(x: torch.Tensor) -> bool:
@@ -22,7 +22,7 @@ def _runs_kernel(x: torch.Tensor) -> bool:
 
 
 def _pooled(x: torch.Tensor, args: PoolArgs) -> torch.Tensor:
-    from ..kernels.triton.pool import max_pool2d as launch_max_pool2d
+    from sparsecnn.core.max_pool import max_pool2d as launch_max_pool2d
     return launch_max_pool2d(x, args)
 
 

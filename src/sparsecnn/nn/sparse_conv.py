@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..backends import config_to_dict, get_backend
-from ..backends.registry import KernelCall, apply_epilogue_
-from ..kernels.configs import check_residual
-from ..kernels.pool import PoolArgs
-from ..layers import ConvSpec
-from .pool import max_pool2d
+from sparsecnn.backends import config_to_dict, get_backend
+from sparsecnn.core.checks import check_residual
+from sparsecnn.core.pool_args import PoolArgs
+from sparsecnn.core.registry import KernelCall, apply_epilogue_
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.nn.pool import max_pool2d
 
 ACTIVATIONS = ("none", "relu")
 STATIC_INPUT_TYPE = "unguarded"  # what torch._dynamo.mark_static_address(t) sets as t._dynamo_static_input_type
@@ -75,21 +75,23 @@ class SparseConv2d(nn.Module):
         self.activation = activation
         self.takes_residual = False
         self.pool: Optional[PoolArgs] = None
-        self._set_backend(backend, config)
+        self.set_backend(backend, config)
 
-    def _set_backend(self, backend: str, config: Any) -> None:
+    def set_backend(self, backend: str, config: Any) -> None:
+        """Run on `backend` (a registered name) with `config` (None: its default) from the next call."""
         self.backend = get_backend(backend).name
         self.config = config
         self._packed = None
         self._packed_key = None
         self._binding: Optional[_Binding] = None
 
-    def _backend_state(self) -> tuple:
-        """The backend, config, packed weight and binding, for `_restore_backend` (so that trying
+    def backend_state(self) -> tuple:
+        """The backend, config, packed weight and binding, for `restore_backend` (so that trying
         another backend does not cost re-packing this one)."""
         return self.backend, self.config, self._packed, self._packed_key, self._binding
 
-    def _restore_backend(self, state: tuple) -> None:
+    def restore_backend(self, state: tuple) -> None:
+        """Back to a `backend_state()`, with its packed weight and binding."""
         self.backend, self.config, self._packed, self._packed_key, self._binding = state
 
     @property
@@ -145,7 +147,8 @@ class SparseConv2d(nn.Module):
         r, s = (1, self.weight.shape[2]) if self.conv_dims == 1 else self.weight.shape[2:]
         return ConvSpec(n, c, self.out_channels, h, w, r, s, self.stride, self.padding, self.dilation, self.groups)
 
-    def _weight_4d(self) -> torch.Tensor:
+    def weight_4d(self) -> torch.Tensor:
+        """The masked weight as (K, C // groups, R, S) (a Conv1d's as (K, C // groups, 1, S))."""
         weight = self.weight * self.mask
         return weight.unsqueeze(2) if self.conv_dims == 1 else weight
 
@@ -172,7 +175,7 @@ class SparseConv2d(nn.Module):
         key = self._packing_key()
         if self._packed_key != key:
             with torch.no_grad():
-                self._packed = backend.prepare(self._weight_4d().contiguous(), self.config)
+                self._packed = backend.prepare(self.weight_4d().contiguous(), self.config)
             self._packed_key = key
         return self._packed
 
@@ -282,7 +285,7 @@ class SparseConv2d(nn.Module):
 
     def _dense(self, x: torch.Tensor, residual: Optional[torch.Tensor], relu: bool) -> torch.Tensor:
         """The fallback: F.conv2d on the masked weight (x and residual in the 2-D view)."""
-        y = F.conv2d(x, self._weight_4d(), self.bias, self.stride, self.padding, self.dilation, self.groups)
+        y = F.conv2d(x, self.weight_4d(), self.bias, self.stride, self.padding, self.dilation, self.groups)
         return apply_epilogue_(y, relu, residual)
 
     def get_extra_state(self) -> dict:
@@ -293,7 +296,7 @@ class SparseConv2d(nn.Module):
     def set_extra_state(self, state: dict) -> None:
         backend = get_backend(state["backend"])
         config = None if state.get("config") is None else backend.config_from_dict(state["config"])
-        self._set_backend(backend.name, config)
+        self.set_backend(backend.name, config)
         self.activation = state.get("activation", "none")
         self.takes_residual = bool(state.get("takes_residual", self.takes_residual))
         if "pool" in state:

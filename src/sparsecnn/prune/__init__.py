@@ -1,21 +1,15 @@
 """Pruning: dense weights with exact zeros, plus {module path: bool mask} dicts."""
-from .admm import admm_prune_, project_onto_sparsity
-from .checkpoint import load_pruned, save_pruned
-from .dlmc import apply_dlmc_, dlmc_layer_mask, dlmc_root, dlmc_sets, load_dlmc_masks
-from .evolutionary import EvolutionSettings, evolutionary_prune_
-from .gradual import gradual_prune_, polynomial_sparsity
-from .magnitude import (
-    absorb_torch_prune_,
-    magnitude_mask,
-    masks_from_weights,
-    prunable_layers,
-    prune_magnitude_,
-)
-from .methods import get_method, method_names, prune_with, register_method
-from .quantize import QUANTIZERS
-from .report import format_sparsity_report, sparsity_report
-from .reprune import benefits, knapsack, reprune_, reprune_layer
-from .targets import layer_sparsities, pruned_layers
+from sparsecnn.prune.admm import admm_prune_, project_onto_sparsity
+from sparsecnn.prune.checkpoint import load_pruned, save_pruned
+from sparsecnn.prune.dlmc import apply_dlmc_, dlmc_layer_mask, dlmc_root, dlmc_sets, load_dlmc_masks
+from sparsecnn.prune.evolutionary import EvolutionSettings, evolutionary_prune_
+from sparsecnn.prune.gradual import gradual_prune_, polynomial_sparsity
+from sparsecnn.prune.magnitude import (absorb_torch_prune_, magnitude_mask, masks_from_weights, prunable_layers, prune_magnitude_)
+from sparsecnn.prune.methods import get_method, method_names, prune_with, register_method
+from sparsecnn.prune.quantize import QUANTIZERS
+from sparsecnn.prune.report import format_sparsity_report, sparsity_report
+from sparsecnn.prune.reprune import benefits, knapsack, reprune_, reprune_layer
+from sparsecnn.prune.targets import layer_sparsities, pruned_layers
 
 __all__ = [
     "EvolutionSettings",

@@ -24,9 +24,9 @@ from typing import Dict, Iterable
 import torch
 from torch import nn
 
-from .magnitude import Masks, magnitude_mask
-from .targets import SparsityTarget, layer_sparsities
-from .training import Batch, apply_masks_, train_epochs
+from sparsecnn.prune.magnitude import Masks, magnitude_mask
+from sparsecnn.prune.targets import SparsityTarget, layer_sparsities
+from sparsecnn.prune.training import Batch, apply_masks_, train_epochs
 
 
 def project_onto_sparsity(tensor: torch.Tensor, sparsity: float) -> torch.Tensor:

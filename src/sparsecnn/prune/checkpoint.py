@@ -18,9 +18,9 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..models import build_model
-from .magnitude import Masks
-from .training import apply_masks_
+from sparsecnn.models import build_model
+from sparsecnn.prune.magnitude import Masks
+from sparsecnn.prune.training import apply_masks_
 
 FORMAT = "sparsecnn-pruned"
 VERSION = 1

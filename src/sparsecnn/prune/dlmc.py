@@ -20,10 +20,11 @@ import numpy as np
 import torch
 from torch import nn
 
+import sparsecnn.settings as settings
+
 PathLike = Union[str, os.PathLike]
 Masks = Dict[str, torch.Tensor]
 
-ENV_VAR = "SPARSECNN_DLMC"
 _SEARCH_NAMES = (Path("shared/data/dlmc-rn50"), Path(".carry/dlmc-rn50"))
 
 
@@ -38,12 +39,12 @@ def dlmc_root(root: Optional[PathLike] = None) -> Path:
     or `.carry/dlmc-rn50` found in the current directory, the package directory, or any
     of their ancestors. Raises FileNotFoundError listing where it looked.
     """
-    explicit = root if root is not None else os.environ.get(ENV_VAR)
+    explicit = root if root is not None else settings.dlmc_dir()
     if explicit:
         path = Path(explicit).expanduser()
         if _is_dlmc_dir(path):
             return path
-        source = "root argument" if root is not None else f"${ENV_VAR}"
+        source = "root argument" if root is not None else f"${settings.DLMC.name}"
         raise FileNotFoundError(f"no DLMC data (index.json) in {path} (from {source})")
     starts = (Path.cwd().resolve(), Path(__file__).resolve().parent)
     for start in starts:
@@ -52,7 +53,7 @@ def dlmc_root(root: Optional[PathLike] = None) -> Path:
                 if _is_dlmc_dir(ancestor / name):
                     return ancestor / name
     raise FileNotFoundError(
-        f"DLMC ResNet-50 masks not found: ${ENV_VAR} is unset and no "
+        f"DLMC ResNet-50 masks not found: ${settings.DLMC.name} is unset and no "
         f"{' or '.join(map(str, _SEARCH_NAMES))} with an index.json exists in "
         f"{' or '.join(map(str, starts))} or any of their ancestors"
     )

@@ -30,10 +30,10 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from ..data import Batches
-from .magnitude import Masks
-from .targets import SparsityTarget, layer_sparsities
-from .training import accuracy, apply_masks_, train_epochs
+from sparsecnn.data import Batches
+from sparsecnn.prune.magnitude import Masks
+from sparsecnn.prune.targets import SparsityTarget, layer_sparsities
+from sparsecnn.prune.training import accuracy, apply_masks_, train_epochs
 
 KeepCounts = Dict[str, int]
 

@@ -12,9 +12,9 @@ from typing import Dict, Iterable
 import torch
 from torch import nn
 
-from .magnitude import Masks, _check_sparsity, magnitude_mask
-from .targets import SparsityTarget, layer_sparsities
-from .training import Batch, train_epochs
+from sparsecnn.prune.magnitude import Masks, _check_sparsity, magnitude_mask
+from sparsecnn.prune.targets import SparsityTarget, layer_sparsities
+from sparsecnn.prune.training import Batch, train_epochs
 
 
 def polynomial_sparsity(step: int, total_steps: int, final_sparsity: float,

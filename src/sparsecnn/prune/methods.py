@@ -15,14 +15,14 @@ from typing import Callable, Dict, List, Optional
 
 from torch import nn
 
-from ..data import Batches
-from .admm import admm_prune_
-from .evolutionary import evolutionary_prune_
-from .gradual import gradual_prune_
-from .magnitude import Masks, magnitude_mask
-from .reprune import reprune_method
-from .targets import SparsityTarget, layer_sparsities, pruned_layers
-from .training import accuracy, apply_masks_, train_epochs
+from sparsecnn.data import Batches
+from sparsecnn.prune.admm import admm_prune_
+from sparsecnn.prune.evolutionary import evolutionary_prune_
+from sparsecnn.prune.gradual import gradual_prune_
+from sparsecnn.prune.magnitude import Masks, magnitude_mask
+from sparsecnn.prune.reprune import reprune_method
+from sparsecnn.prune.targets import SparsityTarget, layer_sparsities, pruned_layers
+from sparsecnn.prune.training import accuracy, apply_masks_, train_epochs
 
 PruneMethod = Callable[..., Masks]
 _METHODS: Dict[str, PruneMethod] = {}

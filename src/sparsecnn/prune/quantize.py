@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 from torch import nn
 
-from .magnitude import prunable_layers
+from sparsecnn.prune.magnitude import prunable_layers
 
 _HISTOGRAM_BINS = 2048
 # How far below ceil(log2(max |a|)) the activation int_bits search goes (2^-8 of the max).

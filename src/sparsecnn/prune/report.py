@@ -6,7 +6,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from .magnitude import prunable_layers
+from sparsecnn.prune.magnitude import prunable_layers
 
 
 def _row(layer: str, shape, numel: int, nnz: int) -> dict:

@@ -41,10 +41,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..formats.blocks import BlockDecomposition, BlockParams, BlockReport, DenseBlock, extract_blocks
-from ..formats.csr import CSRWeight
-from .magnitude import Masks
-from .training import train_epochs
+from sparsecnn.backends.blocks.format import (
+    BlockDecomposition,
+    BlockParams,
+    BlockReport,
+    DenseBlock,
+    extract_blocks,
+)
+from sparsecnn.core.csr import CSRWeight
+from sparsecnn.prune.magnitude import Masks
+from sparsecnn.prune.training import train_epochs
 
 C1 = 1.0  # time to write one output row (paper 000, Sec. 5.2: C1 = C2 = 1)
 C2 = 1.0  # time to read one input row
@@ -411,7 +417,10 @@ def reprune_method(model: nn.Module, split, sparsity, seed: int = 0, progress: b
     re-training (paper: < 10). Returns the re-training masks: the kept non-zeros plus every cell of
     the dense blocks, whose zeros re-training may have made non-zero.
     """
-    from .methods import get_method, training_batches  # methods registers this function
+    from sparsecnn.prune.methods import (  # methods registers this function
+        get_method,
+        training_batches,
+    )
 
     masks = get_method("magnitude")(model, split, sparsity, seed=seed, progress=progress, epochs=epochs,
                                     batch_size=batch_size, lr=lr)

@@ -10,7 +10,7 @@ from typing import Dict, List, Mapping, Tuple, Union
 
 from torch import nn
 
-from .magnitude import _check_sparsity, prunable_layers
+from sparsecnn.prune.magnitude import _check_sparsity, prunable_layers
 
 # One fraction of zero weights for every pruned layer, or {module path: fraction}.
 SparsityTarget = Union[float, Mapping[str, float]]

@@ -1,0 +1,1 @@
+"""Backend `blocks`: see `backend.py`."""

@@ -1,0 +1,1 @@
+"""Backend `codegen`: see `backend.py`."""

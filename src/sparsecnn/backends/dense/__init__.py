@@ -1,0 +1,1 @@
+"""Backend `dense`: see `backend.py`."""

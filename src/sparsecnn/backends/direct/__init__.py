@@ -1,0 +1,1 @@
+"""Backend `direct`: see `backend.py`."""

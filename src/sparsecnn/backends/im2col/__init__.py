@@ -1,0 +1,1 @@
+"""Backend `im2col`: see `backend.py`."""

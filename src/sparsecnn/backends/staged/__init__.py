@@ -1,0 +1,1 @@
+"""Backend `staged`: see `backend.py`."""

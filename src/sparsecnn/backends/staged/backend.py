@@ -1,0 +1,73 @@
+"""Backend `staged`: direct sparse convolution with each output tile's input staged in shared
+memory and shared by 32-128 output channels (kernels/codegen/staged.py; CUDA C compiled at run
+time per kernel size, stride and config, fp32 on CUDA, batch sizes that are multiples of 32).
+
+The kernel module imports triton (its input transpose), so it is imported on first use only.
+`bind` hands the packed weight's tensors to the op `sparsecnn::staged_conv2d`, whose epilogue
+fuses bias, residual and ReLU; `bind_pooled` one that also fuses a 2x2 stride-2 max pool.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from sparsecnn.backends.staged import op
+from sparsecnn.core.op_support import config_json
+from sparsecnn.core.pool_args import PoolArgs
+from sparsecnn.core.registry import Backend, KernelCall, register_backend
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.core.triton_backend import gather_spec_check
+
+
+def _kernels():
+    from sparsecnn.backends.staged import kernel as staged
+
+    return staged
+
+
+def _prepare(weight: torch.Tensor, config: Any):
+    return _kernels().pack_weight(weight, config if config is not None else _kernels().StagedConfig())
+
+
+def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool, pool: int = 0) -> KernelCall:
+    kernels = _kernels()
+    config = config if config is not None else kernels.StagedConfig()
+    kernels.check_layer(spec, config)
+    static = (list(packed.kernel_shape), packed.max_segment, list(spec.stride), list(spec.padding),
+              config_json(config), pool)
+    return KernelCall(torch.ops.sparsecnn.staged_conv2d.default, kernels.weight_arrays(packed, spec, config), static,
+                      eager=op.staged_conv2d_eager)
+
+
+def _bind_pooled(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
+                 pool: PoolArgs) -> Optional[KernelCall]:
+    """The kernel with the max pool `pool` in its epilogue, or None where it cannot fuse it: only
+    2x2 windows at stride 2 without padding or ceil mode, and configs with an even tile_h."""
+    kernels = _kernels()
+    config = config if config is not None else kernels.StagedConfig()
+    if pool != PoolArgs.of(2) or config.tile_h % 2 or spec.P < 2 or spec.Q < 2:
+        return None
+    return _bind(packed, spec, config, dtype, has_bias, pool=2)
+
+
+def _spec_check(spec: ConvSpec) -> Optional[str]:
+    if spec.N % 32:
+        return f"batch size {spec.N} (staged needs a multiple of 32)"
+    return gather_spec_check("staged", spec)
+
+
+STAGED = register_backend(Backend(
+    name="staged",
+    description="direct sparse convolution, input tiles staged in shared memory for 32-128 output channels, "
+                "CUDA C (fp32)",
+    dtypes={"cuda": (torch.float32,)},
+    prepare=_prepare,
+    bind=_bind,
+    bind_pooled=_bind_pooled,
+    spec_check=_spec_check,
+    configs=lambda spec, dtype: _kernels().candidate_configs(spec),
+    auto_configs=lambda spec, dtype: _kernels().auto_configs(spec),
+    config_from_dict=lambda saved: _kernels().StagedConfig.from_dict(saved),
+    batch_inner=lambda config: True,
+))

@@ -1,0 +1,1 @@
+"""Backend `unrolled`: see `backend.py`."""

@@ -1,0 +1,158 @@
+"""Backend `unrolled`: each layer's weights as FMA immediates over batch-innermost activations
+(kernels/codegen/unrolled.py: PTX written per layer and input shape, compiled by ptxas; fp32 CUDA).
+
+Each layer and input shape is compiled on its first `bind` (through the codegen disk cache, so a
+layer compiled before costs a file read), or taken from a worker process that `prefetch` set
+compiling while earlier layers were timed (`workers.WorkerPool`, at most
+$SPARSECNN_UNROLLED_WORKERS). A compile takes about 0.1-0.3 ms of ptxas per non-zero (the kernel takes
+at most `unrolled.max_kernel_fmas()`), so `auto` tries one config per layer (`unrolled.auto_config`)
+and only on outputs of at most 28x28 (`_auto_configs`): larger feature maps were not measured to
+gain (a 56x56 1x1 layer ran 0.92x `direct` "batch"). Runs go through the op
+`sparsecnn::unrolled_conv2d`, which takes the compiled kernel by a handle (see core/op_support.py) and fuses
+bias, residual and ReLU. Importing this module touches neither CUDA nor ptxas.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+import sparsecnn.settings as settings
+from sparsecnn.backends.unrolled import op
+from sparsecnn.core.op_support import config_json, register_codegen
+from sparsecnn.core.registry import Backend, KernelCall, register_backend
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.core.workers import NOTHING, WorkerPool
+
+AUTO_MAX_OUTPUT_PIXELS = 28 * 28
+AUTO_MIN_POSITIONS = 7 * 7 * 32   # output pixels x images: fewer leave most of the GPU idle
+_LOG = logging.getLogger("sparsecnn.backends.unrolled.backend")
+_WORKERS = WorkerPool("unrolled compile", settings.unrolled_workers, _LOG)
+
+
+def _kernels():
+    from sparsecnn.backends.unrolled import kernel as unrolled
+
+    return unrolled
+
+
+def _compile_key(weight: torch.Tensor, spec: ConvSpec, config: Any) -> Tuple:
+    digest = hashlib.blake2b(weight.numpy().tobytes(), digest_size=16).hexdigest()
+    return digest, spec, config.bk, config.threads
+
+
+def _compile_in_worker(weight: torch.Tensor, spec: ConvSpec, config: Any) -> tuple:
+    return _kernels().compile_layer(weight, spec, config).fields()
+
+
+class UnrolledWeight:
+    """The packed form: the dense weight (zeros pruned) on the CPU, and the compiled kernel per input
+    shape and tiling (the output layout is a launch argument, so it shares the kernel)."""
+
+    def __init__(self, weight: torch.Tensor):
+        if weight.dim() != 4:
+            raise ValueError(f"unrolled needs a (K, C, R, S) weight, got shape {tuple(weight.shape)}")
+        self.weight = weight.detach().to("cpu", torch.float32).contiguous()
+        if not torch.isfinite(self.weight).all():
+            raise ValueError("unrolled cannot compile a weight with inf/NaN values")
+        self._compiled: Dict[Tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def compiled(self, spec: ConvSpec, config: Any):
+        """The kernel for inputs of `spec`'s shape, compiled on first use or taken from a worker."""
+        key = _compile_key(self.weight, spec, config)
+        with self._lock:
+            if key not in self._compiled:
+                done = _WORKERS.take(key)
+                self._compiled[key] = (_kernels().CompiledUnrolled(*done) if done is not NOTHING else
+                                       _kernels().compile_layer(self.weight, spec, config))
+            return self._compiled[key]
+
+
+def _spec_check(spec: ConvSpec) -> Optional[str]:
+    if spec.groups != 1:
+        return f"groups={spec.groups} (unrolled supports groups=1 only)"
+    if spec.dilation != (1, 1):
+        return f"dilation={spec.dilation} (unrolled supports dilation 1 only)"
+    try:
+        _kernels().check_layer(spec, _kernels().UnrolledConfig())
+    except ValueError as why:
+        return str(why)
+    return None
+
+
+def _prepare(weight: torch.Tensor, config: Any) -> UnrolledWeight:
+    return UnrolledWeight(weight)
+
+
+def _bind(packed: UnrolledWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
+    config = config if config is not None else _kernels().auto_config(spec)
+    compiled = packed.compiled(spec, config)
+    return KernelCall(torch.ops.sparsecnn.unrolled_conv2d.default, (), (register_codegen(compiled),
+                                                                          config_json(config)),
+                      keepalive=compiled, eager=op.unrolled_conv2d_eager)
+
+
+def _compile_kernels(packed: UnrolledWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
+                     relu_only: bool, cache) -> None:
+    """The layer's kernel through `cache` (see `Backend.compile_kernels`)."""
+    _kernels().compile_layer(packed.weight, spec, config if config is not None else _kernels().auto_config(spec),
+                             cache=cache)
+
+
+def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
+    """Every candidate the layer's shape allows (the weight's non-zeros are checked at bind)."""
+    return _kernels().candidate_configs(spec, 0)
+
+
+def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
+    """[`auto_config(spec)`] on layers of at most AUTO_MAX_OUTPUT_PIXELS output pixels and at least
+    AUTO_MIN_POSITIONS output positions (the kernel refuses weights of too many non-zeros at bind)."""
+    positions = spec.P * spec.Q * spec.N
+    if spec.P * spec.Q > AUTO_MAX_OUTPUT_PIXELS or positions < AUTO_MIN_POSITIONS:
+        return []
+    return [_kernels().auto_config(spec)]
+
+
+def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool,
+              configs: Optional[List[Any]] = None, relu_only: bool = False) -> None:
+    """Start compiling `configs` (None: those `auto` tries) for inputs of `spec`'s shape in workers,
+    unless the weight has more non-zeros than the kernel takes."""
+    weight = weight.detach().to("cpu", torch.float32).contiguous()
+    if _spec_check(spec) is not None or int(torch.count_nonzero(weight)) > _kernels().max_kernel_fmas():
+        return
+    if configs is None:
+        configs = _auto_configs(spec, dtype)
+    for config in configs:
+        _WORKERS.submit(_compile_key(weight, spec, config), _compile_in_worker, weight, spec, config)
+
+
+def _pending(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool, config: Any,
+             relu_only: bool = False) -> bool:
+    """Whether `config`'s kernel for this layer is still compiling in a worker (binding would wait)."""
+    if _spec_check(spec) is not None:
+        return False
+    return _WORKERS.running(_compile_key(weight.detach().to("cpu", torch.float32).contiguous(), spec, config))
+
+
+UNROLLED = register_backend(Backend(
+    name="unrolled",
+    description="direct sparse convolution with the layer's weights as FMA immediates (PTX per layer), "
+                "batch-innermost activations, fp32 CUDA sm_90",
+    dtypes={"cuda": (torch.float32,)},
+    prepare=_prepare,
+    bind=_bind,
+    spec_check=_spec_check,
+    configs=_configs,
+    config_from_dict=lambda saved: _kernels().UnrolledConfig.from_dict(saved),
+    autotune_devices=("cuda",),
+    auto_configs=_auto_configs,
+    prefetch=_prefetch,
+    pending=_pending,
+    batch_inner=lambda config: True,
+    writes_nchw=False,   # a warp holds one pixel's images: NCHW stores scatter (`nn.layout`)
+    compile_kernels=_compile_kernels,
+))

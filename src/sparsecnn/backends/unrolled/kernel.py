@@ -1,0 +1,316 @@
+"""Unrolled sparse convolution on batch-innermost activations: one layer's weights as FMA immediates
+(paper 002's idea on the layout of the "batch" kernels), fp32, PTX written here and compiled by
+ptxas at run time per layer and input shape (`unrolled_source.py`).
+
+Why. The Triton "batch" kernel (`kernels/triton/direct_batch.py`) loads one input per non-zero and
+image: L2-bound at ~12 FMAs per clock per SM on ResNet-50's 14x14 and 7x7 layers; `staged` reads
+one shared-memory value per non-zero and image. Here a thread keeps `bk` output channels'
+accumulators and, per input column (c, r, s) of its group, loads its input once and applies every
+non-zero of that column in the group: at 90% sparsity and bk = 32 about 3 FMAs per load, and no
+index or weight is loaded (they are code). The price is code: one FMA instruction per non-zero,
+compiled per layer (ptxas: about 0.1-0.3 ms per non-zero, so 1-30 s for ResNet-50's layers; cached
+on disk). A layer over PART_FMAS non-zeros (only under a limit raised by $SPARSECNN_UNROLLED_MAX_NNZ)
+compiles as several modules at once (ptxas time grows faster than the code), run on concurrent
+streams.
+
+Measured (H100, ResNet-50 DLMC 0.9, N=32, fp32, batch-innermost input and output, over `direct`
+"batch" in the same run, `benchmarks/results/2026-11-23-h100-s16-unrolled-probe-d3c6c32.jsonl`):
+1.3-2.4x on the 28x28, 14x14 and 7x7 layers but two (1.03x on layer3.1.conv3, whose 1x1
+expansion is bound by its output and residual traffic), 0.92x on a 56x56 1x1 layer.
+
+Layout. Input (N, C, H, W) read batch-innermost as (C, H + 2 ph, W + 2 pw, N) (a batch-innermost
+input without padding in place, anything else packed first); output (N, K, P, Q) at any strides
+(config.out_layout for a new one), residual at the output's strides.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import functools
+import threading
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+import sparsecnn.settings as settings
+from sparsecnn.backends.unrolled import source as unrolled_source
+from sparsecnn.backends.unrolled.source import KERNEL_NAME, kernel_ptx
+from sparsecnn.core import spec as spec_module
+from sparsecnn.core import toolchain
+from sparsecnn.core.batch_inner import new_output
+from sparsecnn.core.batch_pack import padded_batch_inner
+from sparsecnn.core.checks import check_residual, check_triton_input, config_from_dict
+from sparsecnn.core.cubin_loader import LazyKernels
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.core.toolchain import DiskCache
+
+_MAX_GRID_Y = 65535
+# Non-zeros per layer: bounds compile time and code size. ptxas takes ~0.1 ms per non-zero (2.7 s
+# for 26k, 8.8 s for 59k, 18 s for 105k on the 2-core build machine; 2x that with 16 compiles
+# sharing the H100 machine's 16 cores). With 120k, ResNet-50 (DLMC 0.9) compiled 37 layers in 492 s
+# of worker time and tuned in 99 s from empty caches (target 60 s); its 5 layers over 60k saved
+# about 0.1 ms of the model's 3.9.
+MAX_KERNEL_FMAS = settings.UNROLLED_MAX_NNZ_DEFAULT  # 60_000
+# Non-zeros per compiled module (`layer_modules`): ptxas time grows faster than the module, so a layer
+# over the limit raised by $SPARSECNN_UNROLLED_MAX_NNZ compiles as several modules at once, launched on
+# concurrent streams (`_concurrent_streams`). Layers under the default limit stay one module: split
+# at 32k, ResNet-50 tuned from empty caches in 45.4 and 54.9 s against 53.5 s unsplit (no gain), and
+# each split layer costs a launch and a stream fork (`benchmarks/results/...-s17-unrolled-modules-*`).
+PART_FMAS = MAX_KERNEL_FMAS
+_COMPILE_THREADS = 4   # ptxas processes per layer at once (layers compile in parallel workers too)
+OUT_LAYOUTS = ("nchw", "batch_inner")
+BK_CHOICES = (32, 16, 8)
+MIN_THREADS_PER_COLUMN = 85   # `auto_config`: threads per input column (C*R*S) a group walks
+
+
+@dataclasses.dataclass(frozen=True)
+class UnrolledConfig:
+    """bk: output channels per thread (1..128: its accumulators); threads: threads per block (a
+    multiple of 32, at most 1024); out_layout: the layout of a new output, "nchw" (contiguous) or
+    "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N)); not tuned: `nn.layout` sets it."""
+
+    bk: int = 32
+    threads: int = 128
+    out_layout: str = "nchw"
+
+    def __post_init__(self):
+        for name in ("bk", "threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"UnrolledConfig.{name} must be a positive int, got {value!r}")
+        if self.bk > 128:
+            raise ValueError(f"UnrolledConfig.bk must be at most 128 (accumulators per thread), got {self.bk}")
+        if self.threads % 32 or self.threads > 1024:
+            raise ValueError(f"UnrolledConfig.threads must be a multiple of 32 and <= 1024, got {self.threads}")
+        if self.out_layout not in OUT_LAYOUTS:
+            raise ValueError(f"UnrolledConfig.out_layout must be one of {OUT_LAYOUTS}, got {self.out_layout!r}")
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> "UnrolledConfig":
+        return config_from_dict(cls, saved)
+
+
+# Batch-innermost outputs (see `auto_config`); `auto` tries one of these per layer.
+CANDIDATES = tuple(UnrolledConfig(bk, threads, "batch_inner") for bk in BK_CHOICES for threads in (128, 64))
+
+
+def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
+    """ValueError unless the kernel runs this layer with `config` (nnz: the weight's non-zeros)."""
+    if spec.groups != 1 or spec.dilation != (1, 1):
+        raise ValueError("the unrolled kernel runs groups=1, dilation=1 only")
+    if -(-spec.K // config.bk) > _MAX_GRID_Y:
+        raise ValueError(f"{spec.K} channels in groups of {config.bk} exceed the grid's {_MAX_GRID_Y} rows")
+    padded = spec.C * (spec.H + 2 * spec.padding[0]) * (spec.W + 2 * spec.padding[1]) * spec.N
+    if 4 * padded >= 2 ** 31 or 4 * spec.K * spec.P * spec.Q * spec.N >= 2 ** 31:
+        raise ValueError("the unrolled kernel addresses input and output with 32-bit byte offsets: layer too large")
+    if nnz > max_kernel_fmas():
+        raise ValueError(f"{nnz} non-zeros exceed the unrolled kernel's {max_kernel_fmas()} (compile time; "
+                         f"${settings.UNROLLED_MAX_NNZ.name} raises it)")
+
+
+def max_kernel_fmas() -> int:
+    """The most non-zeros one layer's kernel may hold: $SPARSECNN_UNROLLED_MAX_NNZ (a positive int)
+    when set, else MAX_KERNEL_FMAS. Raising it trades tuning time (ptxas) for larger layers; layers
+    tuned to `unrolled` under a raised limit need it again to bind."""
+    return settings.unrolled_max_nnz()
+
+
+def candidate_configs(spec: ConvSpec, nnz: int) -> List[UnrolledConfig]:
+    """The candidates `check_layer` accepts for this layer and a weight of `nnz` non-zeros."""
+    fitting = []
+    for config in CANDIDATES:
+        try:
+            check_layer(spec, config, nnz)
+        except ValueError:
+            continue
+        fitting.append(config)
+    return fitting
+
+
+def auto_config(spec: ConvSpec) -> UnrolledConfig:
+    """One config per layer, as each costs a compile: the largest bk of BK_CHOICES that leaves at
+    least MIN_THREADS_PER_COLUMN threads per input column (C*R*S) a group walks through, 128 threads
+    per block. More channels per thread mean fewer loads per FMA, but fewer threads, each walking
+    all the columns. On the H100 probe (`...-s16-unrolled-probe-d3c6c32.jsonl`, 13 ResNet-50 layers)
+    this rule picks the fastest of bk 8, 16, 32 on 10 layers and one within 8% of it on 3.
+    Batch-innermost output: a warp holds 32 positions of one pixel, so an NCHW store scatters them
+    K*P*Q apart; tuned layers of "batch" backends write batch-innermost (`nn.layout`), so their
+    candidates are timed that way (ResNet-50 with NCHW-writing candidates: no layer2 layer chose
+    unrolled, 2.43x over dense eager; batch-innermost: see the README)."""
+    threads = spec.P * spec.Q * spec.N
+    bk = next((bk for bk in BK_CHOICES
+               if threads * -(-spec.K // bk) >= MIN_THREADS_PER_COLUMN * spec.C * spec.R * spec.S), BK_CHOICES[-1])
+    return UnrolledConfig(bk, 128, "batch_inner")
+
+
+@dataclasses.dataclass(eq=False)
+class CompiledUnrolled:
+    """One layer's kernel at one input shape: its cubins (one per module, `unrolled_source.split_groups`;
+    each loaded per device on first use) with the number of channel groups each computes, the layer
+    and config it runs, and what compiling it cost (registers: the most of any module, -1 when every
+    module came from the cache). Compared and hashed by identity (the op's handle registry keys it
+    weakly)."""
+
+    cubins: Tuple[bytes, ...]
+    group_counts: Tuple[int, ...]
+    spec: ConvSpec
+    config: UnrolledConfig
+    compile_s: float
+    registers: int
+    spill_bytes: int
+
+    def __post_init__(self):
+        if len(self.cubins) != len(self.group_counts) or not self.cubins:
+            raise ValueError(f"{len(self.cubins)} cubins for {len(self.group_counts)} group counts")
+        self._modules = LazyKernels(self.cubins, KERNEL_NAME)
+
+    def kernels(self, device_index: int) -> List[object]:
+        """The loaded kernel of each module on CUDA device `device_index` (group_counts: their groups)."""
+        return self._modules.kernels(device_index)
+
+    def fields(self) -> tuple:
+        """What rebuilds it in another process (`CompiledUnrolled(*fields)`): the loaded kernels stay."""
+        return (self.cubins, self.group_counts, self.spec, self.config, self.compile_s, self.registers,
+                self.spill_bytes)
+
+
+@functools.lru_cache(maxsize=1)
+def _generator_digest() -> str:
+    """Digest of the code that writes the PTX (`unrolled_source` and the ConvSpec it reads)."""
+    return toolchain.cache_key(*(Path(module.__file__).read_bytes() for module in (unrolled_source, spec_module)))
+
+
+def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig) -> str:
+    """A kernel's cache key: the weight's bytes, the layer without its name, the tiling, the generator's
+    digest and the toolchain. Writing the PTX takes 0.05-0.3 s per layer, which loading an artefact
+    of 30 such layers paid (5-7 s) when the key was the PTX itself."""
+    layer = dataclasses.replace(spec, name="")
+    return toolchain.cache_key("unrolled", weight.numpy().tobytes(), tuple(weight.shape), repr(layer), config.bk,
+                               config.threads, _generator_digest(), toolchain.toolchain_id())
+
+
+def layer_modules(weight: np.ndarray, config: UnrolledConfig,
+                  part_fmas: Optional[int] = None) -> List[List[List[int]]]:
+    """The channel groups of each module a layer (weight (K, C, R, S)) compiles to: runs of at most
+    `part_fmas` (default PART_FMAS) non-zeros (`unrolled_source.split_groups`)."""
+    groups = unrolled_source.channel_groups(weight, config.bk)
+    return unrolled_source.split_groups(weight, groups, PART_FMAS if part_fmas is None else part_fmas)
+
+
+def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
+                  cache: Optional[DiskCache] = None) -> CompiledUnrolled:
+    """The kernel of this layer (weight (K, C, R, S), zeros pruned, exact in float32) at spec's input
+    shape: its modules' cubins from `cache` (default: the codegen disk cache; `_cache_key`) or ptxas,
+    the missing modules compiled at once. The output layout is not compiled in (the launcher passes
+    strides)."""
+    weight = weight.detach().to("cpu", torch.float32).contiguous()
+    check_layer(spec, config, int(torch.count_nonzero(weight)))
+    start = time.perf_counter()
+    cache = cache or DiskCache()
+    modules = layer_modules(weight.numpy(), config)
+    key = _cache_key(weight, spec, config)
+    suffixes = [f"{index}of{len(modules)}.cubin" for index in range(len(modules))]
+    cubins = [cache.get(key, suffix) for suffix in suffixes]
+    registers, spills = -1, 0
+    if None in cubins:
+        with cache.exclusive(key):
+            cubins = [cache.get(key, suffix) for suffix in suffixes]
+            missing = [index for index, cubin in enumerate(cubins) if cubin is None]
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(missing), _COMPILE_THREADS))) as pool:
+                results = pool.map(lambda index: toolchain.ptxas_cubin(
+                    kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index])), missing)
+                for index, (cubin, info, _) in zip(missing, results):
+                    cubins[index] = cubin
+                    registers = max(registers, info.registers)
+                    spills += info.spill_stores + info.spill_loads
+                    cache.put(key, suffixes[index], cubin)
+    return CompiledUnrolled(tuple(cubins), tuple(len(groups) for groups in modules), spec, config,
+                            time.perf_counter() - start, registers, spills)
+
+
+def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[torch.Tensor] = None,
+                    residual: Optional[torch.Tensor] = None, relu: bool = False,
+                    config: Optional[UnrolledConfig] = None,
+                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """act(conv(x) + bias + residual) for the layer `compiled` was built for.
+
+    x: (N, C, H, W) float32 CUDA of that layer's input shape, any strides; bias: (K,) float32 or
+    None; residual: (N, K, P, Q) or None (copied when its strides differ from the output's);
+    config: the layout of a new output (default: compiled.config's); out: an (N, K, P, Q) float32
+    tensor with any strides (default: new). Returns out.
+    """
+    spec = compiled.spec
+    check_triton_input(x, "unrolled", (torch.float32,))
+    if not x.is_cuda:
+        raise ValueError(f"x must be on CUDA for the unrolled kernel, got {x.device}")
+    if tuple(x.shape) != spec.input_shape:
+        raise ValueError(f"x has shape {tuple(x.shape)}, the kernel was compiled for {spec.input_shape}")
+    check_residual(residual, spec.output_shape, x)
+    if bias is not None and (bias.shape != (spec.K,) or bias.dtype != torch.float32 or bias.device != x.device):
+        raise ValueError(f"bias must be a float32 ({spec.K},) tensor on {x.device}, got {bias.dtype} "
+                         f"{tuple(bias.shape)} on {bias.device}")
+    if out is None:
+        out = new_output(spec.output_shape, x, (config or compiled.config).out_layout)
+    elif tuple(out.shape) != spec.output_shape or out.dtype != torch.float32 or out.device != x.device:
+        raise ValueError(f"out must be a float32 {spec.output_shape} tensor on {x.device}, got {out.dtype} "
+                         f"{tuple(out.shape)} on {out.device}")
+    if spec.N == 0:
+        return out
+    if residual is not None and residual.stride() != out.stride():
+        residual = torch.empty_like(out).copy_(residual)
+    one_by_one = spec.R == 1 and spec.S == 1
+    xt = padded_batch_inner(x, *spec.padding, step=spec.stride if one_by_one else (1, 1))
+    bias = None if bias is None else bias.contiguous()
+    blocks = -(-(spec.P * spec.Q * spec.N) // compiled.config.threads)
+    pointers = (xt.data_ptr(), bias.data_ptr() if bias is not None else 0,
+                residual.data_ptr() if residual is not None else 0, out.data_ptr())
+    flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2
+    kernels = compiled.kernels(x.device.index)
+    ints = (flags, *out.stride())
+
+    def launch(kernel, groups: int, stream: torch.cuda.Stream) -> None:
+        kernel.launch((blocks, groups, 1), (compiled.config.threads, 1, 1), pointers, ints, stream.cuda_stream)
+
+    with torch.cuda.device(x.device):
+        if len(kernels) == 1:   # eager calls are CPU-bound: no stream fork for one module
+            launch(kernels[0], compiled.group_counts[0], torch.cuda.current_stream(x.device))
+            return out
+        with _concurrent_streams(x.device, len(kernels)) as streams:
+            for kernel, groups, stream in zip(kernels, compiled.group_counts, streams):
+                launch(kernel, groups, stream)
+    return out
+
+
+_SIDE_STREAMS: Dict[int, List[Tuple[torch.cuda.Stream, torch.cuda.Event]]] = {}
+_FORK_EVENTS: Dict[int, torch.cuda.Event] = {}
+_SIDE_STREAMS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _concurrent_streams(device: torch.device, count: int) -> Iterator[List[torch.cuda.Stream]]:
+    """`count` streams whose work runs concurrently and is ordered after the current stream's work so
+    far and before its work after the block: the current stream, then side streams (made once per
+    device, with their events) that wait for it on entry and that it waits for on exit (CUDA graphs
+    capture the fork and the join). A layer's modules each hold a share of its channel groups; one
+    after another on one stream, each launch left most of the GPU idle (VGG16's 28x28 layers ran 1.2x
+    slower)."""
+    current = torch.cuda.current_stream(device)
+    with _SIDE_STREAMS_LOCK:   # held to the join: the streams and events serve one caller at a time
+        side = _SIDE_STREAMS.setdefault(device.index, [])
+        while len(side) < count - 1:
+            side.append((torch.cuda.Stream(device), torch.cuda.Event()))
+        side = side[:count - 1]
+        fork = _FORK_EVENTS.setdefault(device.index, torch.cuda.Event())
+        fork.record(current)
+        for stream, _ in side:
+            stream.wait_event(fork)
+        try:
+            yield [current, *(stream for stream, _ in side)]
+        finally:
+            for stream, joined in side:
+                joined.record(stream)
+                current.wait_event(joined)

@@ -1,0 +1,201 @@
+"""PTX of the unrolled batch-innermost kernel (`unrolled.py`): one layer's weights as immediates.
+
+One thread owns one (output pixel, image) position and the output channels of one group (at
+most `bk`); a block of `threads` threads owns consecutive positions in batch-innermost order
+(pixel-major, image fastest: a warp's loads are 128 contiguous bytes when N >= 32), blockIdx.y
+the group. Per group, for every input column (c, r, s) holding a non-zero in one of the group's
+channels, in (c, r, s) order: one load of the thread's input, then one FMA per non-zero with the
+weight as an immediate. A loaded input feeds every non-zero of its column in the group (at 90% sparsity and
+bk = 32 about 3 FMAs per load, against one for the Triton "batch" kernel), and no index or weight
+is loaded. The input is read zero-padded ((C, H + 2 ph, W + 2 pw, N), packed by the launcher), so
+no load is predicated: with a predicate per tap, ptxas took 4-5x longer (42 against 9 s on a 3x3
+layer of 59k non-zeros).
+
+Why PTX and not CUDA C: nvcc's front end took 11 s on a layer of 26k non-zeros and 95 s on one
+of 105k (ptxas 3 s and 22 s); the PTX is written here in well under a second. Every value is a
+virtual register, so the text is what Algorithm 2 of paper 002 would leave after deleting the
+zero FMAs.
+
+Groups: channels dealt by decreasing non-zero count in snake order (`channel_groups`), so blocks
+of different groups carry about the same work; a channel's place in its group is free (its
+output offset is an immediate). A large layer is written as several modules, each a kernel over a
+run of consecutive groups (`split_groups`), compiled at once and launched one after another.
+
+Epilogue per channel: act(acc + bias + residual), stored at the output's strides (batch-innermost
+or NCHW, the residual at the same strides); `flags` (bit 0 ReLU, 1 bias, 2 residual) chooses per
+launch, so one compile serves every epilogue and layout. Two images per thread (64-bit loads,
+twice the accumulators) was never the fastest config of a layer and compiled 5-15x longer
+(`benchmarks/results/2026-11-23-h100-s16-unrolled-probe-691880e.jsonl`).
+Kernel parameters: (u64 x, u64 bias, u64 res, u64 y, u32 flags, u32 sn, sk, sp, sq), the strides
+in elements of the (N, K, P, Q) output.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sparsecnn.core.spec import ConvSpec
+
+KERNEL_NAME = "sparsecnn_unrolled_conv"
+PTX_VERSION = "8.0"   # the driver of the device image takes at most ISA 9.0
+_LOAD_REGISTERS = 16   # rotating load destinations (ptxas renames anyway)
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One input column (c, r, s) of a group: its element offset from the thread's window origin
+    and the (accumulator slot, weight) pairs it feeds."""
+
+    c: int
+    r: int
+    s: int
+    offset: int
+    terms: Tuple[Tuple[int, float], ...]
+
+
+def channel_groups(weight: np.ndarray, bk: int) -> List[List[int]]:
+    """Output channels dealt into ceil(K / bk) groups of at most bk: by decreasing non-zero count in
+    snake order, so the groups (which run as different blocks) carry about the same work."""
+    k = weight.shape[0]
+    n_groups = -(-k // bk)
+    counts = np.count_nonzero(weight.reshape(k, -1), axis=1)
+    order = sorted(range(k), key=lambda channel: (-counts[channel], channel))
+    groups: List[List[int]] = [[] for _ in range(n_groups)]
+    for rank, channel in enumerate(order):
+        lap, slot = divmod(rank, n_groups)
+        groups[slot if lap % 2 == 0 else n_groups - 1 - slot].append(channel)
+    return [sorted(group) for group in groups]
+
+
+def group_columns(weight: np.ndarray, group: Sequence[int], spec: ConvSpec) -> List[Column]:
+    """The non-empty columns of one group's channels, in (c, r, s) order; offsets in elements of the
+    zero-padded batch-innermost input (C, H + 2 ph, W + 2 pw, N): c * Hp*Wp*N + r * Wp*N + s * N."""
+    n, h, w = spec.N, spec.H + 2 * spec.padding[0], spec.W + 2 * spec.padding[1]
+    block = weight[list(group)]
+    flat = block.reshape(len(group), -1)
+    columns = []
+    for column in np.flatnonzero(np.any(flat != 0, axis=0)):
+        c, rest = divmod(int(column), spec.R * spec.S)
+        r, s = divmod(rest, spec.S)
+        terms = tuple((int(j), float(flat[j, column])) for j in np.flatnonzero(flat[:, column]))
+        columns.append(Column(c, r, s, c * h * w * n + r * w * n + s * n, terms))
+    return columns
+
+
+def f32_hex(value: float) -> str:
+    """PTX float32 immediate (0fXXXXXXXX) of `value`, which must be finite."""
+    if not math.isfinite(value):
+        raise ValueError(f"weight {value} is not finite")
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def split_groups(weight: np.ndarray, groups: Sequence[Sequence[int]], max_fmas: int) -> List[List[List[int]]]:
+    """`groups` cut into consecutive runs of at most `max_fmas` non-zeros of `weight` (K, C, R, S)
+    each (a group alone over it makes a run of its own): one compiled module per run. ptxas time
+    grows faster than the code: a layer of 118k non-zeros took 32.4 s as one module and 4.1-4.2 s
+    for each of 4 modules (16.7 s in all, and the 4 run at once)."""
+    counts = np.count_nonzero(weight.reshape(weight.shape[0], -1), axis=1)
+    runs: List[List[List[int]]] = []
+    total = 0
+    for group in groups:
+        fmas = int(counts[list(group)].sum())
+        if not runs or total + fmas > max_fmas:
+            runs.append([])
+            total = 0
+        runs[-1].append(list(group))
+        total += fmas
+    return runs
+
+
+class _Writer:
+    def __init__(self, weight: np.ndarray, spec: ConvSpec, groups: Sequence[Sequence[int]], threads: int):
+        self.weight, self.spec, self.groups, self.threads = weight, spec, groups, threads
+        self.lines: List[str] = []
+
+    def emit(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def source(self) -> str:
+        groups = self.groups
+        self.emit(f".version {PTX_VERSION}", ".target sm_90", ".address_size 64", "")
+        for index, group in enumerate(groups):
+            self._group_function(index, group)
+        self.emit(f".visible .entry {KERNEL_NAME}(.param .u64 p_x, .param .u64 p_bias, .param .u64 p_res, "
+                  ".param .u64 p_y, .param .u32 p_flags, .param .u32 p_sn, .param .u32 p_sk, .param .u32 p_sp, "
+                  ".param .u32 p_sq)",
+                  f".maxntid {self.threads}, 1, 1", "{", ".reg .pred %p<2>; .reg .b32 %r<24>; .reg .b64 %rd<12>;")
+        self._prologue()
+        targets = ", ".join(f"$G{index}" for index in range(len(groups)))
+        self.emit(f"$TABLE: .branchtargets {targets};", "mov.u32 %r20, %ctaid.y;", "brx.idx %r20, $TABLE;")
+        for index in range(len(groups)):
+            self.emit(f"$G{index}:", f"call.uni group{index}, (%rd4, %rd1, %rd6, %rd7, %r0, %r13);",
+                      "bra.uni $DONE;")
+        self.emit("$DONE:", "ret;", "}")
+        return "\n".join(self.lines) + "\n"
+
+    def _prologue(self) -> None:
+        """m (the thread's (pixel, image) position), the window origin in the padded input, and what
+        each group takes: x at the origin (%rd4), bias (%rd1), residual and output at the position
+        (%rd6, %rd7: strides sn, sp, sq in elements) and the channel stride sk (%r13)."""
+        spec, n = self.spec, self.spec.N
+        sh, sw = spec.stride
+        for index, name in enumerate(("x", "bias", "res", "y")):
+            self.emit(f"ld.param.u64 %rd{index}, [p_{name}];", f"cvta.to.global.u64 %rd{index}, %rd{index};")
+        self.emit("ld.param.u32 %r0, [p_flags];", "ld.param.u32 %r12, [p_sn];", "ld.param.u32 %r13, [p_sk];",
+                  "ld.param.u32 %r14, [p_sp];", "ld.param.u32 %r15, [p_sq];",
+                  "mov.u32 %r1, %ctaid.x;", "mov.u32 %r2, %tid.x;",
+                  f"mad.lo.s32 %r4, %r1, {self.threads}, %r2;",
+                  f"setp.ge.s32 %p0, %r4, {spec.P * spec.Q * n};", "@%p0 bra $DONE;",
+                  f"div.s32 %r5, %r4, {n};", f"mul.lo.s32 %r6, %r5, {n};", "sub.s32 %r6, %r4, %r6;",  # pix, img
+                  f"div.s32 %r7, %r5, {spec.Q};", f"mul.lo.s32 %r8, %r7, {spec.Q};", "sub.s32 %r8, %r5, %r8;",  # p, q
+                  f"mul.lo.s32 %r9, %r7, {sh};", f"mul.lo.s32 %r10, %r8, {sw};",
+                  f"mul.lo.s32 %r11, %r9, {(spec.W + 2 * spec.padding[1]) * n};",
+                  f"mad.lo.s32 %r11, %r10, {n}, %r11;",
+                  "add.s32 %r11, %r11, %r6;",
+                  "mul.wide.s32 %rd4, %r11, 4;", "add.s64 %rd4, %rd0, %rd4;",
+                  "mul.lo.s32 %r16, %r6, %r12;", "mad.lo.s32 %r16, %r7, %r14, %r16;",
+                  "mad.lo.s32 %r16, %r8, %r15, %r16;",
+                  "mul.wide.s32 %rd5, %r16, 4;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;")
+
+    def _group_function(self, index: int, group: Sequence[int]) -> None:
+        """One group as a function of its own (ptxas allocates its registers on its own)."""
+        self.emit(f".func group{index}(.param .u64 xb, .param .u64 bias, .param .u64 resm, .param .u64 ym, "
+                  ".param .u32 flags, .param .u32 sk)", "{",
+                  ".reg .pred %p<4>; .reg .b32 %r<4>; .reg .b64 %rd<6>;",
+                  f".reg .f32 %v<{_LOAD_REGISTERS}>; .reg .f32 %a<{max(1, len(group))}>; .reg .f32 %o<3>;",
+                  "ld.param.u64 %rd0, [xb];", "ld.param.u64 %rd1, [bias];", "ld.param.u64 %rd2, [resm];",
+                  "ld.param.u64 %rd3, [ym];", "ld.param.u32 %r0, [flags];", "ld.param.u32 %r1, [sk];",
+                  "and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
+                  "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
+                  "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;")
+        self.emit(*(f"mov.f32 %a{slot}, 0f00000000;" for slot in range(len(group))))
+        for position, column in enumerate(group_columns(self.weight, group, self.spec)):
+            register = f"%v{position % _LOAD_REGISTERS}"
+            self.emit(f"ld.global.nc.f32 {register}, [%rd0+{4 * column.offset}];")
+            self.emit(*(f"fma.rn.f32 %a{j}, {register}, {f32_hex(value)}, %a{j};" for j, value in column.terms))
+        for j, channel in enumerate(group):
+            self._store(j, channel)
+        self.emit("ret;", "}", "")
+
+    def _store(self, j: int, channel: int) -> None:
+        """act(acc + bias + residual) of channel `channel` at the thread's position."""
+        self.emit(f"mul.wide.s32 %rd4, %r1, {4 * channel};", "add.s64 %rd5, %rd3, %rd4;",
+                  "mov.f32 %o1, 0f00000000;", f"@%p2 ld.global.nc.f32 %o1, [%rd1+{4 * channel}];",
+                  f"add.f32 %o0, %a{j}, %o1;",
+                  "add.s64 %rd4, %rd2, %rd4;", "@%p3 ld.global.f32 %o2, [%rd4+0];", "@%p3 add.f32 %o0, %o0, %o2;",
+                  "@%p1 max.f32 %o0, %o0, 0f00000000;", "st.global.f32 [%rd5+0], %o0;")
+
+
+def kernel_ptx(weight: np.ndarray, spec: ConvSpec, bk: int, threads: int,
+               groups: Optional[Sequence[Sequence[int]]] = None) -> str:
+    """PTX of the kernel for one layer: weight (K, C, R, S) float32 (zeros pruned), spec the layer at
+    its input shape; groups: the channel groups this module computes, blockIdx.y indexing them
+    (default: `channel_groups(weight, bk)`, the whole layer in one module)."""
+    if tuple(weight.shape) != spec.weight_shape:
+        raise ValueError(f"weight shape {tuple(weight.shape)} does not match the layer's {spec.weight_shape}")
+    weight = np.ascontiguousarray(weight, dtype=np.float32)
+    return _Writer(weight, spec, channel_groups(weight, bk) if groups is None else groups, threads).source()

@@ -1,0 +1,250 @@
+"""nvcc / ptxas: discovery, PTX ISA check, compilation to PTX and cubin, and the on-disk cache.
+
+Only the CUDA toolkit's own nvcc and ptxas are used (never a pip NVRTC: NVRTC 13.5 emits PTX ISA
+9.5, which a CUDA 13.0 driver refuses). Every PTX we make is checked against the newest ISA the
+driver accepts before it goes further.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Optional, Tuple
+
+import sparsecnn.settings as settings
+
+ARCH = "90"  # sm_90 / compute_90: Hopper (H100, H200)
+# IEEE fp32 (no flush-to-zero, exact division) so emitted code matches the reference; the kernels
+# call __fmaf_rn explicitly, -fmad=true only lets nvcc keep them fused.
+NVCC_FLAGS = ("-O3", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true")
+PTXAS_FLAGS = ("-O3", "-v")
+SEARCH_DIRS = ("/usr/local/cuda/bin", "/usr/local/bin")
+_TOOL_SETTINGS = {"nvcc": settings.nvcc, "ptxas": settings.ptxas}  # $SPARSECNN_NVCC, $SPARSECNN_PTXAS
+DEFAULT_MAX_PTX_ISA = (9, 0)  # CUDA 13.0 drivers (R580): assume this when no driver is present
+# Newest PTX ISA each CUDA driver version accepts (the ISA its toolkit's nvcc emits).
+_DRIVER_PTX_ISA = {
+    (12, 0): (8, 0), (12, 1): (8, 1), (12, 2): (8, 2), (12, 3): (8, 3), (12, 4): (8, 4), (12, 5): (8, 5),
+    (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8), (13, 0): (9, 0), (13, 1): (9, 1),
+}
+COMPILE_TIMEOUT_S = 900
+CACHE_STATS: collections.Counter = collections.Counter()  # "hit" / "miss" / "write", for reports and tests
+
+
+class ToolchainError(RuntimeError):
+    """A tool is missing, failed, or produced something the driver would refuse."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PtxasInfo:
+    """What `ptxas -v` says about the one kernel of a cubin."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    smem_bytes: int
+
+    @classmethod
+    def parse(cls, text: str) -> "PtxasInfo":
+        def number(pattern: str) -> int:
+            match = re.search(pattern, text)
+            return int(match.group(1)) if match else 0
+
+        return cls(number(r"Used (\d+) registers"), number(r"(\d+) bytes spill stores"),
+                   number(r"(\d+) bytes spill loads"), number(r"(\d+) bytes smem"))
+
+
+def find_tool(name: str) -> Optional[str]:
+    """Path of `name` (nvcc, ptxas): $SPARSECNN_<NAME>, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin,
+    /usr/local/bin; None if absent."""
+    explicit = _TOOL_SETTINGS[name]() if name in _TOOL_SETTINGS else None
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    found = shutil.which(name)
+    if found:
+        return found
+    dirs = ([os.path.join(os.environ["CUDA_HOME"], "bin")] if os.environ.get("CUDA_HOME") else []) + list(SEARCH_DIRS)
+    for directory in dirs:
+        path = os.path.join(directory, name)
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def require_tool(name: str) -> str:
+    path = find_tool(name)
+    if path is None:
+        raise ToolchainError(f"{name} not found (looked at $SPARSECNN_{name.upper()}, PATH, $CUDA_HOME/bin, "
+                             f"{', '.join(SEARCH_DIRS)}); install the CUDA toolkit")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def tool_version(path: str) -> str:
+    """`release X.Y, VX.Y.Z` of a CUDA tool (part of every cache key)."""
+    result = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    match = re.search(r"release \d+\.\d+, V[\d.]+", result.stdout)
+    if result.returncode or match is None:
+        raise ToolchainError(f"{path} --version failed: {result.stdout[-300:]}{result.stderr[-300:]}")
+    return match.group(0)
+
+
+@functools.lru_cache(maxsize=None)
+def driver_cuda_version() -> Optional[Tuple[int, int]]:
+    """CUDA version of the installed driver (cuDriverGetVersion: no context, no cuInit), or None."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int(0)
+    if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value <= 0:
+        return None
+    return version.value // 1000, (version.value % 1000) // 10
+
+
+def max_ptx_isa() -> Tuple[int, int]:
+    """Newest PTX ISA the driver accepts: $SPARSECNN_MAX_PTX_ISA ("9.0"), else from the driver
+    version, else 9.0 (no driver here: the GPU machines run CUDA 13.0 drivers)."""
+    try:
+        override = settings.max_ptx_isa()
+    except ValueError as error:
+        raise ToolchainError(str(error)) from error
+    if override is not None:
+        return override
+    driver = driver_cuda_version()
+    if driver is None:
+        return DEFAULT_MAX_PTX_ISA
+    known = [version for version in _DRIVER_PTX_ISA if version <= driver]
+    return _DRIVER_PTX_ISA[max(known)] if known else (0, 0)
+
+
+def ptx_isa(ptx: str) -> Tuple[int, int]:
+    match = re.search(r"^\s*\.version\s+(\d+)\.(\d+)", ptx, re.MULTILINE)
+    if match is None:
+        raise ToolchainError("PTX has no .version directive")
+    return int(match.group(1)), int(match.group(2))
+
+
+def check_ptx_isa(ptx: str, limit: Optional[Tuple[int, int]] = None) -> None:
+    """ToolchainError if the PTX's ISA is newer than `limit` (default: `max_ptx_isa()`)."""
+    limit = max_ptx_isa() if limit is None else limit
+    version = ptx_isa(ptx)
+    if version > limit:
+        raise ToolchainError(f"PTX ISA {version[0]}.{version[1]} is newer than {limit[0]}.{limit[1]}, the newest "
+                             "the CUDA driver accepts: use the nvcc of a CUDA toolkit no newer than the driver "
+                             "(or set SPARSECNN_MAX_PTX_ISA if the driver is newer than detected)")
+
+
+def _run(command, what: str) -> subprocess.CompletedProcess:
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise ToolchainError(f"{what} timed out after {COMPILE_TIMEOUT_S} s") from exc
+    if result.returncode:
+        raise ToolchainError(f"{what} failed ({result.returncode}): {(result.stderr or result.stdout)[-2000:]}")
+    return result
+
+
+def nvcc_ptx(source: str) -> Tuple[str, float]:
+    """CUDA C -> PTX for compute_90 (ISA-checked); returns (ptx, seconds)."""
+    nvcc = require_tool("nvcc")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="sparsecnn-nvcc-") as tmp:
+        src, out = Path(tmp, "kernel.cu"), Path(tmp, "kernel.ptx")
+        src.write_text(source)
+        _run([nvcc, "-ptx", f"-arch=compute_{ARCH}", *NVCC_FLAGS, str(src), "-o", str(out)], "nvcc -ptx")
+        ptx = out.read_text()
+    check_ptx_isa(ptx)
+    return ptx, time.perf_counter() - start
+
+
+def ptxas_cubin(ptx: str) -> Tuple[bytes, PtxasInfo, float]:
+    """PTX -> sm_90 cubin; returns (cubin, registers/spills, seconds)."""
+    check_ptx_isa(ptx)
+    ptxas = require_tool("ptxas")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="sparsecnn-ptxas-") as tmp:
+        src, out = Path(tmp, "kernel.ptx"), Path(tmp, "kernel.cubin")
+        src.write_text(ptx)
+        result = _run([ptxas, f"-arch=sm_{ARCH}", *PTXAS_FLAGS, str(src), "-o", str(out)], "ptxas")
+        cubin = out.read_bytes()
+    return cubin, PtxasInfo.parse(result.stdout + result.stderr), time.perf_counter() - start
+
+
+def toolchain_id() -> str:
+    """Versions and flags of both tools (changes every cache key when the toolkit changes)."""
+    return (f"nvcc {tool_version(require_tool('nvcc'))} {' '.join(NVCC_FLAGS)} | "
+            f"ptxas {tool_version(require_tool('ptxas'))} {' '.join(PTXAS_FLAGS)} | sm_{ARCH}")
+
+
+def cache_root() -> Path:
+    """$SPARSECNN_CACHE, else ~/.cache/sparsecnn/codegen."""
+    return settings.codegen_cache_dir()
+
+
+def cache_key(*parts) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part if isinstance(part, bytes) else str(part).encode()
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+class DiskCache:
+    """Files named by key under `root` (default `cache_root()`); writes are atomic (temp + rename),
+    so concurrent compiles of the same key are harmless, and `exclusive(key)` lets processes that
+    need the same file wait for one of them to make it rather than all compile it."""
+
+    def __init__(self, root: Optional[Path] = None):
+        self.root = cache_root() if root is None else Path(root)
+
+    def path(self, key: str, suffix: str) -> Path:
+        return self.root / key[:2] / f"{key}.{suffix}"
+
+    def get(self, key: str, suffix: str) -> Optional[bytes]:
+        try:
+            data = self.path(key, suffix).read_bytes()
+        except FileNotFoundError:
+            CACHE_STATS["miss"] += 1
+            return None
+        CACHE_STATS["hit"] += 1
+        return data
+
+    @contextlib.contextmanager
+    def exclusive(self, key: str) -> Iterator[None]:
+        """Hold an advisory lock on `key` (fcntl.flock on a lock file; released when the block
+        exits or the process dies), one holder at a time across processes."""
+        path = self.path(key, "lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def put(self, key: str, suffix: str, data: bytes) -> None:
+        path = self.path(key, suffix)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:8]}-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        CACHE_STATS["write"] += 1

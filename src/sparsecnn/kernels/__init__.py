@@ -1,1 +1,0 @@
-"""Compute kernels: the fp64-capable reference, Triton kernels (`triton/`), generated CUDA (`codegen/`)."""

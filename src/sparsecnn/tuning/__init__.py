@@ -1,0 +1,18 @@
+"""Measured choice among backends: per-layer tuning with early exit, precision policies, and
+decisions cached on disk per environment (`nn.autotune_model` applies it to a whole model)."""
+from sparsecnn.tuning.cache import TuneCache, default_cache_dir, layer_key, pattern_hash
+from sparsecnn.tuning.fingerprint import environment_fingerprint
+from sparsecnn.tuning.phases import PhaseClock
+from sparsecnn.tuning.precision import POLICIES, PrecisionPolicy, resolve_policy, tf32_flags
+from sparsecnn.tuning.report import LayerResult, ModelCheck, TuneReport
+from sparsecnn.tuning.select import (DEFAULT_DROP_RATIO, Candidate, EagerTimer, MeasuringTimer, Selection, Timer, candidates_for, pick_fastest)
+from sparsecnn.tuning.timing import benchmark, time_one_call
+from sparsecnn.tuning.tuner import tune_layer
+
+__all__ = ["DEFAULT_DROP_RATIO", "Candidate", "EagerTimer", "LayerResult", "MeasuringTimer", "ModelCheck", "POLICIES", "PhaseClock", "PrecisionPolicy",
+           "Selection", "Timer", "TuneCache", "TuneReport", "benchmark", "candidates_for", "default_cache_dir",
+           "environment_fingerprint", "layer_key", "pattern_hash", "pick_fastest", "resolve_policy",
+           "tf32_flags", "time_one_call", "tune_layer"]
+from sparsecnn.tuning.sparsify import autotune_model, sparsify_  # noqa: E402  (imports the names above)
+
+__all__ += ["autotune_model", "sparsify_"]

@@ -1,0 +1,160 @@
+"""What tuning chose, per layer and for the model, with a text table."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.tuning.phases import format_phases
+
+
+@dataclasses.dataclass
+class LayerResult:
+    """One layer's decision.
+
+    choice: the chosen candidate's label; time_ms / dense_ms: median ms of the choice and of the
+    `dense` baseline at the same precision; times_ms: median ms of every fully benchmarked
+    candidate; dropped: label -> why it was not benchmarked (empty on a cache hit); cache: "hit",
+    "tuned", or "retuned" with `cache_note` saying why the entry on disk could not be used.
+    """
+
+    name: str
+    spec: ConvSpec
+    backend: str
+    config: Any
+    choice: str
+    time_ms: float
+    dense_ms: float
+    times_ms: Dict[str, float]
+    dropped: Dict[str, str]
+    cache: str
+    cache_note: Optional[str] = None
+    deferred: Tuple[Any, ...] = ()
+
+    @property
+    def speedup(self) -> float:
+        return self.dense_ms / self.time_ms
+
+
+def _shape(spec: ConvSpec) -> str:
+    return (f"{spec.N}x{spec.C}x{spec.H}x{spec.W} -> {spec.K}, {spec.R}x{spec.S}/{spec.stride[0]}"
+            + (f" g{spec.groups}" if spec.groups != 1 else ""))
+
+
+def format_worker_jobs(worker_jobs: Dict[str, Dict[str, float]]) -> List[str]:
+    """One line per pool of `TuneReport.worker_jobs`."""
+    return [f"worker jobs, {pool}: {times['jobs']} jobs, queued {times['queued_s']:.1f} s, ran "
+            f"{times['ran_s']:.1f} s (longest {times['max_ran_s']:.1f} s), waited for {times['waited_s']:.1f} s"
+            for pool, times in worker_jobs.items()]
+
+
+@dataclasses.dataclass
+class ModelCheck:
+    """The whole model timed twice after tuning (median ms, GPU work only on CUDA): with the tuned
+    layers and with every tuned layer on `dense_backend`; `kept`: "tuned" or "dense", the faster.
+    Then `switched`: the layers moved, one at a time, from the kept form to their other one (dense
+    for a kept tuned model, the tuned choice for a kept dense one) because the whole model got
+    faster, to `final_ms` (`nn.model_check`). On CUDA also in eager mode (`tuned_eager_ms`,
+    `dense_eager_ms`: wall ms per call of back-to-back calls, the CPU's launch costs included, which
+    CUDA graphs hide; None elsewhere)."""
+
+    tuned_ms: float
+    dense_ms: float
+    dense_backend: str
+    kept: str
+    tuned_eager_ms: Optional[float] = None
+    dense_eager_ms: Optional[float] = None
+    switched: List[str] = dataclasses.field(default_factory=list)
+    final_ms: Optional[float] = None
+
+    @property
+    def slower_in_eager(self) -> bool:
+        """Whether the kept tuned layers make eager calls slower than dense ones (launch-bound)."""
+        return (self.kept == "tuned" and self.tuned_eager_ms is not None and self.dense_eager_ms is not None
+                and self.tuned_eager_ms > self.dense_eager_ms)
+
+    def format(self) -> str:
+        verdict = ("kept the tuned layers" if self.kept == "tuned"
+                   else f"every tuned layer now runs {self.dense_backend}")
+        text = (f"whole model: {self.tuned_ms:.4f} ms tuned, {self.dense_ms:.4f} ms with every layer on "
+                f"{self.dense_backend}: {verdict}")
+        if self.switched:
+            other = "dense" if self.kept == "tuned" else "their tuned choice"
+            text += f"; {len(self.switched)} layers switched to {other} in context: {self.final_ms:.4f} ms"
+        if self.tuned_eager_ms is not None and self.dense_eager_ms is not None:
+            text += f"; eager calls {self.tuned_eager_ms:.4f} ms tuned, {self.dense_eager_ms:.4f} ms dense"
+        if self.slower_in_eager:
+            text += " (slower in eager mode: run the model under CUDA graphs or torch.compile)"
+        return text
+
+
+@dataclasses.dataclass
+class TuneReport:
+    """The decisions for a model: one `LayerResult` per tuned conv (in call order), the precision
+    policy name, the max relative error of the tuned model's outputs against the original model's
+    (None when not checked), the conv layers the example input never reached, the cache dir, and
+    the whole-model check against dense (None when not run), and the wall seconds of each phase of
+    tuning (`PhaseClock.seconds`; "total" is the whole call) and of the jobs run ahead in worker
+    processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict), and the `direct` "batch"
+    layers that write batch-innermost outputs (`nn.layout`) with the whole-model times that decided
+    it (`layout_ms`: "nchw", "batch_inner"), and the run mode the times stand for ("graph": GPU
+    time, as CUDA graphs and torch.compile run it; "eager": eager wall time), and the split of each
+    `nn.SplitKLinear` that was timed (`linears`: module path -> {"splits", "ms", "dense_ms"}, ms of
+    the choice and of F.linear; `tuning.linears.tune_linears`). The layer results are
+    the per-layer decisions; when the check kept dense, the layers run `model_check.dense_backend`
+    instead, but for its `switched` layers (and when it kept the tuned ones, the `switched` layers
+    run dense)."""
+
+    layers: List[LayerResult]
+    policy: str
+    max_rel_error: Optional[float] = None
+    unreached: List[str] = dataclasses.field(default_factory=list)
+    cache_dir: Optional[str] = None
+    model_check: Optional[ModelCheck] = None
+    phase_s: Dict[str, float] = dataclasses.field(default_factory=dict)
+    worker_jobs: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict)
+    batch_inner_outputs: List[str] = dataclasses.field(default_factory=list)
+    layout_ms: Dict[str, float] = dataclasses.field(default_factory=dict)
+    run_mode: str = "graph"
+    linears: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def total_ms(self) -> float:
+        """Sum of the chosen layers' median ms (convolutions only)."""
+        return sum(layer.time_ms for layer in self.layers)
+
+    @property
+    def dense_total_ms(self) -> float:
+        return sum(layer.dense_ms for layer in self.layers)
+
+    def share(self, layer: LayerResult) -> float:
+        """The layer's fraction of the tuned model's conv time."""
+        return layer.time_ms / self.total_ms if self.total_ms > 0 else 0.0
+
+    def format(self) -> str:
+        """A markdown table (layer, shape, choice, ms, dense ms, speedup, share, cache) and totals."""
+        lines = ["| layer | shape (NxCxHxW -> K, RxS/stride) | choice | ms | dense ms | speedup | share | cache |",
+                 "|---|---|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {layer.name} | {_shape(layer.spec)} | {layer.choice} | {layer.time_ms:.4f} | "
+                  f"{layer.dense_ms:.4f} | {layer.speedup:.2f}x | {self.share(layer):.1%} | {layer.cache} |"
+                  for layer in self.layers]
+        speedup = self.dense_total_ms / self.total_ms if self.total_ms > 0 else float("nan")
+        lines.append(f"\nconvolutions ({self.policy}, {self.run_mode} times): {self.total_ms:.4f} ms tuned, "
+                     f"{self.dense_total_ms:.4f} ms dense, {speedup:.2f}x")
+        if self.linears:
+            lines.append("linears (split-K GEMMs, speedup over F.linear): " + ", ".join(
+                f"{name} splits={entry['splits']} {entry['dense_ms'] / entry['ms']:.2f}x"
+                for name, entry in self.linears.items()))
+        if self.max_rel_error is not None:
+            lines.append(f"max relative error of the outputs vs the original model: {self.max_rel_error:.2e}")
+        if self.model_check is not None:
+            lines.append(self.model_check.format())
+        if self.phase_s:
+            lines.append("tuning time: " + format_phases(self.phase_s))
+        lines += format_worker_jobs(self.worker_jobs)
+        if self.unreached:
+            lines.append(f"not reached by the example inputs (left as they were): {', '.join(self.unreached)}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()

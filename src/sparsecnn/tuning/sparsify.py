@@ -1,0 +1,353 @@
+"""`sparsify_` and `autotune_model`: run a model's convolutions as `SparseConv2d`, in place.
+
+Tuning runs the model once on the example inputs with a pre-hook on each selected layer: the hook
+tunes the layer on the input it sees (`autotune.tune_layer`) and the layer then runs its choice, so
+each activation lives only as long as the forward pass needs it and that pass's output is the
+tuned model's output.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import sys
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from sparsecnn.backends import get_backend
+from sparsecnn.core.reference import relative_error
+from sparsecnn.core.workers import job_times, reset_job_times
+from sparsecnn.nn.sparse_conv import SparseConv2d
+from sparsecnn.tuning import (
+    DEFAULT_DROP_RATIO,
+    EagerTimer,
+    MeasuringTimer,
+    PhaseClock,
+    PrecisionPolicy,
+    Timer,
+    TuneCache,
+    TuneReport,
+    candidates_for,
+    environment_fingerprint,
+    resolve_policy,
+    tf32_flags,
+    tune_layer,
+)
+from sparsecnn.tuning.layout import (
+    is_batch_backend,
+    is_batch_inner,
+    keep_batch_inner_outputs,
+    set_tuning_layout,
+)
+from sparsecnn.tuning.linears import tune_linears
+from sparsecnn.tuning.model_check import check_against_dense
+from sparsecnn.tuning.select import pending_candidates, prefetch_candidates
+from sparsecnn.tuning.tuner import finish_deferred
+
+FilterFn = Callable[[str, nn.Module], bool]
+_LOG = logging.getLogger("sparsecnn.tuning")
+_CONV_TYPES = (nn.Conv1d, nn.Conv2d, SparseConv2d)
+RUN_MODES = ("graph", "eager")
+
+
+def _selected(model: nn.Module, filter_fn: Optional[FilterFn]) -> List[Tuple[str, nn.Module]]:
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(module, _CONV_TYPES) and (filter_fn is None or filter_fn(name, module))]
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def _as_tuple(example_inputs) -> tuple:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _checked_mask(layer: SparseConv2d, name: str, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """`mask` (None: the layer's own) after checking it fits the layer."""
+    if mask is None:
+        return layer.mask
+    if mask.shape != layer.mask.shape or mask.dtype != torch.bool:
+        raise ValueError(f"masks[{name!r}] must be bool with shape {tuple(layer.mask.shape)}, "
+                         f"got {mask.dtype} {tuple(mask.shape)}")
+    return mask
+
+
+def _apply_mask_(layer: SparseConv2d, name: str, mask: Optional[torch.Tensor]) -> None:
+    if mask is not None:
+        layer.mask.copy_(_checked_mask(layer, name, mask))
+
+
+def _sparse_layer(name: str, module: nn.Module, backend: str, mask: Optional[torch.Tensor]) -> SparseConv2d:
+    """A plain conv wrapped (masked by `mask`); an existing SparseConv2d as it is (mask updated)."""
+    if not isinstance(module, SparseConv2d):
+        return SparseConv2d.from_dense(module, backend, mask)
+    with torch.no_grad():
+        _apply_mask_(module, name, mask)
+    return module
+
+
+def _parameter_dtype(model: nn.Module, inputs: tuple) -> torch.dtype:
+    tensors = [*model.parameters(), *model.buffers(), *(x for x in inputs if isinstance(x, torch.Tensor))]
+    return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+
+
+def _cast(inputs: tuple, dtype: torch.dtype) -> tuple:
+    return tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+
+
+def _tensors(output) -> List[torch.Tensor]:
+    """The tensors of a model output: a tensor, or nested tuples / lists / dicts of them."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        return [tensor for item in output for tensor in _tensors(item)]
+    return []
+
+
+def _max_rel_error(output, reference) -> Optional[float]:
+    pairs = [(out, ref) for out, ref in zip(_tensors(output), _tensors(reference))
+             if out.is_floating_point() and ref.is_floating_point()]
+    return max((relative_error(out, ref) for out, ref in pairs), default=None)
+
+
+def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
+              filter_fn: Optional[FilterFn] = None, masks: Optional[Dict[str, torch.Tensor]] = None,
+              backends: Optional[List[str]] = None, dtype: Optional[str] = None, cache_dir=None,
+              retune: bool = False, progress: Optional[bool] = None, run_mode: str = "graph") -> nn.Module:
+    """Run every Conv1d/Conv2d of `model` (selected by `filter_fn(name, module)`) as `SparseConv2d`.
+
+    backend: a registered backend name for every layer, or "auto" to tune each layer on its real
+    input from `model(*example_inputs)` (see `autotune_model`, whose `TuneReport` is kept as
+    `model.sparsecnn_report`). Layers that already are `SparseConv2d` (e.g. from
+    `prepare_for_inference`) keep their weight, bias, mask and activation and get a new backend.
+    masks: module name -> bool mask (default: a `weight_mask` from torch.nn.utils.prune, else the
+    weight's non-zeros; an existing SparseConv2d keeps its mask). dtype: None (the model's own
+    precision, exact) or "fp32" (exact, no TF32), "tf32", "fp16", "bf16", "fp64"; the model is
+    converted to that dtype. cache_dir, retune, progress, run_mode: see `autotune_model`. Returns
+    `model`, modified in place.
+    """
+    if backend == "auto":
+        if example_inputs is None:
+            raise ValueError("backend='auto' needs example_inputs to time the candidates on")
+        model.sparsecnn_report = autotune_model(model, example_inputs, filter_fn=filter_fn, masks=masks,
+                                                backends=backends, dtype=dtype, cache_dir=cache_dir,
+                                                retune=retune, progress=progress, run_mode=run_mode)
+        return model
+    get_backend(backend)
+    inputs = _as_tuple(example_inputs) if example_inputs is not None else ()
+    model.to(resolve_policy(dtype, _parameter_dtype(model, inputs)).dtype)
+    for name, module in _selected(model, filter_fn):
+        layer = _sparse_layer(name, module, backend, (masks or {}).get(name))
+        if layer is module:
+            layer.set_backend(backend, None)
+        else:
+            _replace(model, name, layer)
+    return model
+
+
+def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[FilterFn] = None,
+                   masks: Optional[Dict[str, torch.Tensor]] = None, backends: Optional[List[str]] = None,
+                   dtype: Optional[str] = None, cache_dir=None, retune: bool = False,
+                   progress: Optional[bool] = None, timer: Optional[Timer] = None,
+                   drop_ratio: float = DEFAULT_DROP_RATIO, run_mode: str = "graph") -> TuneReport:
+    """Make each selected conv of `model` a `SparseConv2d` running its fastest candidate; in place.
+
+    example_inputs: a tensor or a tuple of `model`'s positional inputs, on the model's device (put
+    the model in eval mode first: it runs twice). Each layer is tuned at the shape it sees
+    (`autotune.tune_layer`): every backend x config supporting it (only `backends`, plus the dense
+    ones, when given) at the precision policy `dtype` (see `sparsify_`), decisions cached in
+    `cache_dir` (default `autotune.default_cache_dir()`) unless `retune`. progress: a tqdm bar
+    (default: when stderr is a terminal). run_mode: how the model will run, which decides what is
+    timed: "graph" (default; CUDA graphs or torch.compile with them: GPU time, launches hidden) or
+    "eager" (plain calls: wall time of back-to-back calls, CPU launch cost included, so layers
+    whose kernels save less GPU time than their launches cost stay dense). timer: how candidates
+    are timed (default: `MeasuringTimer`, or `EagerTimer` for run_mode "eager", on the inputs'
+    device). Then each `SplitKLinear` (from `prepare_for_inference`) that sees a CUDA fp32 input
+    gets the fastest of F.linear and its split-K GEMMs (`linear.tune_linears`, same timer), before the
+    layout and whole-model checks time the model. Layers the inputs never reach are left as they
+    were. Returns the `TuneReport`,
+    with the max relative error of the tuned model's outputs against the original model's
+    (computed before conversion, TF32 off).
+    """
+    if run_mode not in RUN_MODES:
+        raise ValueError(f"run_mode must be one of {RUN_MODES}, got {run_mode!r}")
+    inputs = _as_tuple(example_inputs)
+    policy = resolve_policy(dtype, _parameter_dtype(model, inputs))
+    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    cache = TuneCache(cache_dir, environment_fingerprint(device))
+    timer = timer or (EagerTimer(device) if run_mode == "eager" else MeasuringTimer(device))
+    show = sys.stderr.isatty() if progress is None else progress
+    clock = PhaseClock()
+    reset_job_times()
+    with clock.phase("total"):
+        with torch.no_grad(), tf32_flags(False):
+            originals = dict(_selected(model, filter_fn))
+            with clock.phase("reference pass"):
+                reference, input_shapes = _run_recording_input_shapes(model, inputs, originals)
+            model.to(policy.dtype)
+            layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
+            for name, layer in layers.items():
+                if layer is not originals[name]:
+                    _replace(model, name, layer)
+            with clock.phase("prefetch"):
+                _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends)
+            tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio,
+                                  tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show), clock,
+                                  run_mode)
+            with clock.phase("layers"):
+                output = tuning.run(model, _cast(inputs, policy.dtype))
+                tuning.finish_deferred()
+        unreached = [name for name in layers if name not in tuning.results]
+        for name in unreached:
+            if layers[name] is not originals[name]:
+                _replace(model, name, originals[name])
+        _log_notes(tuning.results.values())
+        tuned = {name: layers[name] for name in tuning.results}
+        with torch.no_grad(), tf32_flags(False):
+            with clock.phase("linears"):
+                linears, linear_output = tune_linears(model, _cast(inputs, policy.dtype), timer)
+            if linears:  # the error is then taken on the chosen splits, not the conv pass's F.linear
+                output = linear_output
+            with clock.phase("layouts"):
+                batch_inner, layout_ms = keep_batch_inner_outputs(model, lambda: model(*_cast(inputs, policy.dtype)),
+                                                                  tuned, timer)
+            with clock.phase("model check"):
+                check = check_against_dense(lambda: model(*_cast(inputs, policy.dtype)), tuned, tuning.results,
+                                            device.type, timer)
+    return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
+                      str(cache.directory), check, clock.seconds,
+                      {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
+                      [name for name in batch_inner if is_batch_inner(tuned[name])], layout_ms, run_mode, linears)
+
+
+def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):
+    """(model(*inputs), name -> shape of the first input each of `layers` saw)."""
+    shapes: Dict[str, torch.Size] = {}
+
+    def recorder(name: str):
+        def record(layer: nn.Module, args: tuple) -> None:
+            shapes.setdefault(name, args[0].shape)
+
+        return record
+
+    hooks = [layer.register_forward_pre_hook(recorder(name)) for name, layer in layers.items()]
+    try:
+        return model(*inputs), shapes
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, torch.Size], masks: Dict[str, torch.Tensor],
+              policy: PrecisionPolicy, device_type: str, backends: Optional[List[str]]) -> None:
+    """Let the candidate backends start preparing each layer's weight at the input shape it will be
+    tuned on, in model order, so that work for later layers overlaps the timing of earlier ones.
+    The weight is the one `_LayerTuning._tune` will hand them, bit for bit; the layers themselves
+    are left as they are until tuned. Layers the inputs never reach are not prefetched."""
+    for name, layer in layers.items():
+        if name not in input_shapes:
+            continue
+        weight = (layer.weight.detach() * _checked_mask(layer, name, masks.get(name))).to(policy.dtype)
+        weight = (weight.unsqueeze(2) if layer.conv_dims == 1 else weight).contiguous()
+        spec = layer.spec_for(torch.empty(input_shapes[name], device="meta"))
+        prefetch_candidates(spec, weight, policy, device_type, backends, has_bias=layer.bias is not None,
+                            relu_only=layer.relu_only)
+
+
+class _LayerTuning:
+    """The forward pre-hooks that tune each layer the first time it runs.
+
+    A candidate whose prefetched preparation is still running (a codegen compile in a worker) is
+    not waited for: the layer is tuned without it, runs its choice, and keeps its input; after the
+    pass, `finish_deferred` times such candidates against the choice on that input. Otherwise
+    tuning waits at the first layers, reached seconds after their compiles (up to ~30 s each) start.
+    Meanwhile such a layer keeps writing NCHW (no batch-innermost tuning layout), the layout its
+    deferred candidates write (codegen's): later layers are tuned on the input they get if one wins.
+    When a deferred candidate is itself a "batch" one (`unrolled`), the tuning layout stays.
+    (On the H100, ResNet-50 fp32 deferred with the tuning layout kept three fewer codegen layers: a
+    "batch" stand-in's batch-innermost output made the next layers pick "batch" on that input.)
+    """
+
+    def __init__(self, layers: Dict[str, SparseConv2d], masks: Dict[str, torch.Tensor], policy: PrecisionPolicy,
+                 backends: Optional[List[str]], cache: TuneCache, timer: Timer, retune: bool, drop_ratio: float,
+                 bar: tqdm, clock: PhaseClock, run_mode: str):
+        self.layers, self.masks, self.policy, self.backends = layers, masks, policy, backends
+        self.cache, self.timer, self.retune, self.drop_ratio, self.bar = cache, timer, retune, drop_ratio, bar
+        self.clock, self.run_mode = clock, run_mode
+        self.results = {}
+        self._deferred: Dict[str, tuple] = {}  # name -> the arguments tune_layer had
+
+    def run(self, model: nn.Module, inputs: tuple):
+        """`model(*inputs)` with every layer tuned just before its first call; returns the output."""
+        hooks = [layer.register_forward_pre_hook(self._hook(name), with_kwargs=True)
+                 for name, layer in self.layers.items()]
+        try:
+            return model(*inputs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+            self.bar.close()
+
+    def _hook(self, name: str):
+        def tune_before_first_call(layer: SparseConv2d, args: tuple, kwargs: dict):
+            if name not in self.results:
+                residual = kwargs.get("residual", args[1] if len(args) > 1 else None)
+                self.bar.set_postfix_str(name)
+                self.results[name] = self._tune(name, layer, args[0], residual)
+                self.bar.update(1)
+
+        return tune_before_first_call
+
+    def _tune(self, name: str, layer: SparseConv2d, x: torch.Tensor, residual: Optional[torch.Tensor]):
+        _apply_mask_(layer, name, self.masks.get(name))
+        spec = layer.spec_for(x)
+        as_2d = (lambda t: t.unsqueeze(2)) if layer.conv_dims == 1 else (lambda t: t)
+        weight = layer.weight_4d().detach().contiguous()
+        candidates = candidates_for(spec, self.policy, x.device.type, self.backends)
+        pending = pending_candidates(candidates, spec, weight, self.policy.dtype, has_bias=layer.bias is not None,
+                                     relu_only=layer.relu_only)
+        arguments = (as_2d(x), weight, layer.bias, spec, self.policy, candidates, self.timer, self.cache)
+        epilogue = dict(drop_ratio=self.drop_ratio, activation=layer.activation,
+                        residual=None if residual is None else as_2d(residual), clock=self.clock,
+                        run_mode=self.run_mode)
+        result = tune_layer(name, *arguments, retune=self.retune, deferred=pending, **epilogue)
+        layer.set_backend(result.backend, result.config)
+        if result.deferred:
+            self._deferred[name] = (arguments, epilogue)
+        if not result.deferred or any(is_batch_backend(c.backend, c.config) for c in result.deferred):
+            set_tuning_layout(layer)
+        _keep_timings(layer, result)
+        return result
+
+    def finish_deferred(self) -> None:
+        """Time the candidates deferred while tuning (their work is done or waited for now)."""
+        for name, (arguments, epilogue) in self._deferred.items():
+            layer, first = self.layers[name], self.results[name]
+            self.results[name] = final = finish_deferred(first, *arguments, **epilogue)
+            if final.choice != first.choice:
+                layer.set_backend(final.backend, final.config)
+            _keep_timings(layer, final)
+        self._deferred.clear()
+
+
+def _keep_timings(layer: SparseConv2d, result) -> None:
+    layer.timings = {**{label: math.nan for label in result.dropped}, **result.times_ms}
+
+
+def _log_notes(results: Sequence) -> None:
+    """One warning per distinct reason a cached decision could not be used, naming its layers."""
+    by_note: Dict[str, List[str]] = collections.defaultdict(list)
+    for result in results:
+        if result.cache_note is not None:
+            by_note[result.cache_note].append(result.name)
+    for note, names in by_note.items():
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        _LOG.warning("re-tuned %s: %s", shown, note)

@@ -1,0 +1,320 @@
+"""The unrolled kernel (`kernels/codegen/unrolled.py`: a layer's weights as FMA immediates in PTX) and
+its backend.
+
+CPU: config validation, the channel groups, the auto config rule, the PTX run by a small
+interpreter (`helpers/unrolled.py`) on odd shapes for every candidate config, both output layouts,
+with and without bias, residual and ReLU, and every candidate compiled by ptxas without spills
+(needs the CUDA toolkit). GPU (`gpu` marker): the same cases against the fp64 reference, the op's
+opcheck, CUDA graphs, and a SparseConv2d on the backend.
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from helpers.codegen import (
+    assert_graph_replay_matches,
+    masked_weight,
+    needs_tools,
+    reference_with_epilogue,
+)
+from helpers.common import needs_cuda
+from helpers.unrolled import run_unrolled_on_cpu
+
+from sparsecnn import settings
+from sparsecnn.backends import get_backend
+from sparsecnn.backends.unrolled import kernel as unrolled
+from sparsecnn.backends.unrolled import source as unrolled_source
+from sparsecnn.core import toolchain
+from sparsecnn.core.batch_inner import new_output
+from sparsecnn.core.reference import relative_error
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.tuning.precision import resolve_policy
+from sparsecnn.tuning.select import candidates_for
+
+gpu = pytest.mark.gpu
+ODD_SHAPES = [  # (N, C, K, H, W, R, stride, padding): the issue's odd cases
+    (3, 3, 33, 13, 13, 3, 1, 1),
+    (1, 5, 33, 13, 11, 3, 2, 0),
+    (4, 4, 9, 7, 7, 1, 1, 0),
+    (2, 6, 17, 13, 13, 5, 2, 2),
+    (3, 7, 12, 9, 9, 7, 1, 3),
+    (2, 16, 40, 8, 8, 1, 2, 0),
+]
+
+
+def _spec(n, c, k, h, w, r, stride, padding):
+    return ConvSpec(n, c, k, h, w, r, r, (stride, stride), (padding, padding))
+
+
+def _weight(spec, sparsity=0.7, seed=0):
+    return masked_weight(spec, sparsity, seed)
+
+
+_reference = reference_with_epilogue
+
+
+# --- config, groups, PTX (CPU) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields, name", [
+    (dict(bk=0), "bk"), (dict(bk=129), "bk"), (dict(threads=48), "threads"), (dict(threads=2048), "threads"),
+    (dict(bk=1.5), "bk"), (dict(out_layout="nhwc"), "out_layout")])
+def test_config_validation_names_the_field(fields, name):
+    with pytest.raises(ValueError, match=name):
+        unrolled.UnrolledConfig(**fields)
+
+
+def test_config_round_trips_through_dict():
+    config = unrolled.UnrolledConfig(16, 64, "batch_inner")
+    assert unrolled.UnrolledConfig.from_dict(dataclasses.asdict(config)) == config
+
+
+def test_groups_partition_the_channels_and_balance_their_non_zeros():
+    weight = np.zeros((40, 8, 3, 3), np.float32)
+    for k in range(40):
+        weight[k].flat[: (k * 7) % 61] = 1.0
+    groups = unrolled_source.channel_groups(weight, 8)
+    assert sorted(k for group in groups for k in group) == list(range(40))
+    assert all(len(group) <= 8 for group in groups) and len(groups) == 5
+    work = [int(np.count_nonzero(weight[group])) for group in groups]
+    assert max(work) - min(work) <= max(np.count_nonzero(weight.reshape(40, -1), axis=1))
+
+
+def test_modules_are_consecutive_runs_of_groups_under_the_non_zero_limit():
+    weight = np.zeros((40, 8, 3, 3), np.float32)
+    for k in range(40):
+        weight[k].flat[: (k * 7) % 61] = 1.0
+    groups = unrolled_source.channel_groups(weight, 4)
+    counts = [int(np.count_nonzero(weight[group])) for group in groups]
+    for limit in (1, max(counts), 2 * max(counts) + 1, sum(counts)):
+        runs = unrolled_source.split_groups(weight, groups, limit)
+        assert [group for run in runs for group in run] == groups
+        sizes = [sum(int(np.count_nonzero(weight[group])) for group in run) for run in runs]
+        assert all(size <= limit or len(run) == 1 for size, run in zip(sizes, runs))
+        assert all(a + int(np.count_nonzero(weight[b[0]])) > limit for a, b in zip(sizes, runs[1:]))  # runs are full
+    assert len(unrolled_source.split_groups(weight, groups, 1)) == len(groups)
+    assert len(unrolled_source.split_groups(weight, groups, sum(counts))) == 1
+
+
+def test_columns_list_each_non_zero_once_at_its_padded_offset():
+    spec = _spec(2, 3, 5, 6, 7, 3, 1, 1)
+    weight = _weight(spec).numpy()
+    group = [0, 2, 4]
+    columns = unrolled_source.group_columns(weight, group, spec)
+    assert sum(len(column.terms) for column in columns) == np.count_nonzero(weight[group])
+    for column in columns:
+        assert column.offset == column.c * 8 * 9 * 2 + column.r * 9 * 2 + column.s * 2
+        for j, value in column.terms:
+            assert weight[group[j], column.c, column.r, column.s] == np.float32(value) != 0
+
+
+def test_weights_become_exact_immediates():
+    assert unrolled_source.f32_hex(1.0) == "0f3F800000"
+    assert unrolled_source.f32_hex(float(np.float32(-0.1))) == "0fBDCCCCCD"
+    with pytest.raises(ValueError, match="finite"):
+        unrolled_source.f32_hex(float("inf"))
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES)
+def test_every_candidate_computes_the_convolution_on_the_cpu(shape):
+    spec = _spec(*shape)
+    weight = _weight(spec)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(spec.input_shape, generator=generator)
+    bias = torch.randn(spec.K, generator=generator)
+    residual = torch.randn(spec.output_shape, generator=generator)
+    for index, config in enumerate(unrolled.candidate_configs(spec, int(weight.count_nonzero()))):
+        layout = unrolled.OUT_LAYOUTS[index % 2]
+        config = dataclasses.replace(config, out_layout=layout)
+        with_epilogue = index % 2 == 0
+        args = (bias, residual, True) if with_epilogue else (None, None, False)
+        part_fmas = (None, 1, 40)[index % 3]   # one module, one per group, runs of groups
+        y = run_unrolled_on_cpu(x.numpy(), weight.numpy(), spec, config,
+                                *(None if a is None else (a.numpy() if isinstance(a, torch.Tensor) else a)
+                                  for a in args), part_fmas=part_fmas)
+        assert not np.isnan(y).any(), config
+        assert relative_error(torch.from_numpy(y), _reference(x, weight, *args, spec)) < 1e-6, config
+
+
+def test_auto_config_keeps_enough_threads_per_column():
+    assert unrolled.auto_config(_spec(32, 512, 128, 28, 28, 1, 1, 0)).bk == 32    # layer2 1x1: 25088 positions
+    assert unrolled.auto_config(_spec(32, 1024, 256, 14, 14, 1, 1, 0)).bk == 16   # layer3 1x1
+    assert unrolled.auto_config(_spec(32, 256, 256, 14, 14, 3, 1, 1)).bk == 8     # layer3 3x3
+    assert unrolled.auto_config(_spec(32, 512, 2048, 7, 7, 1, 1, 0)).bk == 32     # layer4 expansion
+    assert unrolled.auto_config(_spec(1, 512, 512, 7, 7, 3, 1, 1)).bk == 8        # too few threads at all
+
+
+def test_layers_the_kernel_cannot_take_are_refused_with_the_reason():
+    spec = _spec(32, 64, 64, 14, 14, 3, 1, 1)
+    with pytest.raises(ValueError, match="non-zeros"):
+        unrolled.check_layer(spec, unrolled.UnrolledConfig(), nnz=unrolled.MAX_KERNEL_FMAS + 1)
+    with pytest.raises(ValueError, match="groups"):
+        unrolled.check_layer(dataclasses.replace(spec, groups=2), unrolled.UnrolledConfig())
+    with pytest.raises(ValueError, match="32-bit"):
+        unrolled.check_layer(_spec(512, 256, 256, 64, 64, 3, 1, 1), unrolled.UnrolledConfig())
+
+
+def test_the_non_zero_limit_can_be_raised_by_the_environment(monkeypatch):
+    spec = _spec(32, 64, 64, 14, 14, 3, 1, 1)
+    monkeypatch.setenv(settings.UNROLLED_MAX_NNZ.name, str(unrolled.MAX_KERNEL_FMAS * 2))
+    unrolled.check_layer(spec, unrolled.UnrolledConfig(), nnz=unrolled.MAX_KERNEL_FMAS + 1)
+    with pytest.raises(ValueError, match="non-zeros"):
+        unrolled.check_layer(spec, unrolled.UnrolledConfig(), nnz=unrolled.MAX_KERNEL_FMAS * 2 + 1)
+    for bad in ("0", "-5", "many"):
+        monkeypatch.setenv(settings.UNROLLED_MAX_NNZ.name, bad)
+        with pytest.raises(ValueError, match=settings.UNROLLED_MAX_NNZ.name):
+            unrolled.max_kernel_fmas()
+
+
+@needs_tools
+def test_every_candidate_compiles_without_spills():
+    spec = _spec(32, 64, 96, 14, 14, 3, 1, 1)
+    weight = _weight(spec, 0.9).numpy()
+    for config in unrolled.CANDIDATES:
+        _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads))
+        assert info.spill_stores == 0 and info.spill_loads == 0, (config, info)
+
+
+def test_backend_declares_what_it_runs():
+    backend = get_backend("unrolled")
+    spec = _spec(32, 256, 256, 14, 14, 3, 1, 1)
+    assert dict(backend.dtypes) == {"cuda": (torch.float32,)}
+    assert backend.unsupported_reason(spec, torch.float32, "cuda") is None
+    assert "cpu" in backend.unsupported_reason(spec, torch.float32, "cpu")
+    assert "float16" in backend.unsupported_reason(spec, torch.float16, "cuda")
+    assert "dilation" in backend.unsupported_reason(dataclasses.replace(spec, dilation=(2, 2)), torch.float32, "cuda")
+    assert backend.configs(spec, torch.float32) == list(unrolled.CANDIDATES)
+    assert backend.auto_configs(spec, torch.float32) == [unrolled.auto_config(spec)]
+    for shape in [(32, 512, 128, 28, 28, 1, 1, 0), (32, 256, 256, 14, 14, 3, 2, 1), (32, 512, 2048, 7, 7, 1, 1, 0)]:
+        layer = _spec(*shape)   # what auto tries is among the configs (the tuner offers only those)
+        assert set(backend.auto_configs(layer, torch.float32)) <= set(backend.configs(layer, torch.float32))
+    policy = resolve_policy("fp32", torch.float32)
+    assert [c.config for c in candidates_for(spec, policy, "cuda") if c.backend == "unrolled"] == \
+        [unrolled.auto_config(spec)]
+    assert backend.auto_configs(_spec(32, 64, 64, 56, 56, 3, 1, 1), torch.float32) == []   # 56x56: not measured
+    assert backend.auto_configs(spec.with_batch(1), torch.float32) == []
+
+
+# --- GPU -------------------------------------------------------------------------------------------
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("shape", ODD_SHAPES + [(32, 64, 64, 28, 28, 3, 1, 1), (32, 256, 64, 14, 14, 1, 1, 0)])
+def test_matches_the_fp64_reference_for_every_config(shape):
+    spec = _spec(*shape)
+    weight = _weight(spec, 0.9)
+    x = torch.randn(spec.input_shape, device="cuda")
+    bias = torch.randn(spec.K, device="cuda")
+    for config in unrolled.candidate_configs(spec, int(weight.count_nonzero())):
+        compiled = unrolled.compile_layer(weight, spec, config)
+        for out_layout in unrolled.OUT_LAYOUTS:
+            config = dataclasses.replace(config, out_layout=out_layout)
+            residual = new_output(spec.output_shape, x, config.out_layout).copy_(torch.randn(spec.output_shape))
+            torch.empty(4 * residual.numel(), device="cuda").fill_(float("nan"))   # poison the allocator's memory
+            y = unrolled.unrolled_conv2d(x, compiled, bias, residual, True, config)
+            assert y.stride() == residual.stride()
+            ref = _reference(x.cpu(), weight, bias.cpu(), residual.cpu(), True, spec)
+            assert relative_error(y.cpu(), ref) < 1e-6, config
+            y = unrolled.unrolled_conv2d(x, compiled, None, None, False, config)
+            assert relative_error(y.cpu(), _reference(x.cpu(), weight, None, None, False, spec)) < 1e-6, config
+
+
+@gpu
+@needs_cuda
+def test_cuda_graph_replay_equals_eager_and_the_op_passes_opcheck():
+    spec = _spec(32, 32, 48, 14, 14, 3, 1, 1)
+    backend = get_backend("unrolled")
+    weight = _weight(spec, 0.9).cuda()
+    x, bias = torch.randn(spec.input_shape, device="cuda"), torch.randn(spec.K, device="cuda")
+    residual = torch.randn(spec.output_shape, device="cuda")
+    config = unrolled.auto_config(spec)
+    call = backend.bind(backend.prepare(weight, config), spec, config, torch.float32, True)
+    torch.library.opcheck(call.fn, (x, *call.tensors, bias, residual, *call.static, True))
+    ref = _reference(x.cpu(), weight.cpu(), bias.cpu(), residual.cpu(), True, spec)
+    assert relative_error(call(x, bias, residual, True).cpu(), ref) < 1e-6
+    call(x, bias, residual, True)
+    assert_graph_replay_matches(lambda: call(x, bias, residual, True), x)
+
+
+@gpu
+@needs_cuda
+def test_a_layer_in_several_modules_matches_the_reference_eagerly_and_in_a_cuda_graph(monkeypatch, tmp_path):
+    from sparsecnn.core.toolchain import DiskCache
+
+    spec = _spec(32, 64, 96, 28, 28, 3, 1, 1)
+    weight = _weight(spec, 0.9)
+    monkeypatch.setattr(unrolled, "PART_FMAS", int(weight.count_nonzero()) // 4)
+    config = unrolled.UnrolledConfig(16, 128, "batch_inner")
+    compiled = unrolled.compile_layer(weight, spec, config, DiskCache(tmp_path))
+    assert len(compiled.cubins) >= 4
+    x, bias = torch.randn(spec.input_shape, device="cuda"), torch.randn(spec.K, device="cuda")
+    residual = new_output(spec.output_shape, x, config.out_layout).copy_(torch.randn(spec.output_shape))
+    ref = _reference(x.cpu(), weight, bias.cpu(), residual.cpu(), True, spec)
+    torch.empty(4 * residual.numel(), device="cuda").fill_(float("nan"))   # poison the allocator's memory
+    assert relative_error(unrolled.unrolled_conv2d(x, compiled, bias, residual, True).cpu(), ref) < 1e-6
+    assert_graph_replay_matches(lambda: unrolled.unrolled_conv2d(x, compiled, bias, residual, True), x)
+
+
+@gpu
+@needs_cuda
+def test_sparse_conv_on_the_backend_matches_the_reference_in_both_layouts():
+    from sparsecnn.nn import SparseConv2d
+
+    spec = _spec(32, 24, 40, 13, 13, 3, 2, 1)
+    weight = _weight(spec, 0.9).cuda()
+    bias = torch.randn(spec.K, device="cuda")
+    x = torch.randn(spec.input_shape, device="cuda")
+    ref = _reference(x.cpu(), weight.cpu(), bias.cpu(), None, True, spec)
+    for out_layout in unrolled.OUT_LAYOUTS:
+        config = unrolled.UnrolledConfig(16, 64, out_layout)
+        layer = SparseConv2d(weight, bias, backend="unrolled", config=config, stride=2, padding=1, activation="relu")
+        assert relative_error(layer(x).cpu(), ref) < 1e-6
+
+
+def test_a_compiled_kernel_travels_between_processes_and_registers_by_identity():
+    import pickle
+
+    from sparsecnn.core.op_support import codegen_kernel, register_codegen
+
+    spec = _spec(2, 3, 4, 5, 5, 1, 1, 0)
+    compiled = unrolled.CompiledUnrolled((b"cubin", b"other"), (3, 1), spec, unrolled.UnrolledConfig(), 0.5, 32, 0)
+    rebuilt = unrolled.CompiledUnrolled(*pickle.loads(pickle.dumps(compiled.fields())))
+    assert rebuilt.fields() == compiled.fields() and rebuilt is not compiled
+    handles = register_codegen(compiled), register_codegen(rebuilt)
+    assert handles[0] != handles[1] and codegen_kernel(handles[0]) is compiled
+
+
+@needs_tools
+def test_a_cached_kernel_is_found_without_writing_its_ptx(tmp_path, monkeypatch):
+    from sparsecnn.core.toolchain import DiskCache
+
+    spec = _spec(4, 8, 12, 6, 6, 3, 1, 1)
+    weight, cache = _weight(spec), DiskCache(tmp_path)
+    first = unrolled.compile_layer(weight, spec, unrolled.UnrolledConfig(8, 64), cache)
+    assert first.registers > 0   # compiled by ptxas
+    monkeypatch.setattr(unrolled, "kernel_ptx", lambda *args: pytest.fail("a cache hit wrote the PTX"))
+    again = unrolled.compile_layer(weight, dataclasses.replace(spec, name="renamed"), unrolled.UnrolledConfig(8, 64),
+                                   cache)
+    assert again.cubins == first.cubins and again.registers == -1
+    for other_weight, other_config in ((weight * 2, unrolled.UnrolledConfig(8, 64)),
+                                       (weight, unrolled.UnrolledConfig(16, 64))):
+        with pytest.raises(pytest.fail.Exception, match="wrote the PTX"):   # a different key: a compile
+            unrolled.compile_layer(other_weight, spec, other_config, cache)
+
+
+@needs_tools
+def test_a_large_layer_compiles_as_several_modules_each_cached(tmp_path, monkeypatch):
+    from sparsecnn.core.toolchain import DiskCache
+
+    spec = _spec(4, 8, 33, 6, 6, 3, 1, 1)
+    weight, cache, config = _weight(spec), DiskCache(tmp_path), unrolled.UnrolledConfig(8, 64)
+    monkeypatch.setattr(unrolled, "PART_FMAS", int(weight.count_nonzero()) // 3)
+    compiled = unrolled.compile_layer(weight, spec, config, cache)
+    modules = unrolled.layer_modules(weight.numpy(), config)
+    assert len(compiled.cubins) == len(modules) >= 3 and compiled.registers > 0
+    assert compiled.group_counts == tuple(len(groups) for groups in modules) and sum(compiled.group_counts) == 5
+    assert len(set(compiled.cubins)) == len(compiled.cubins)
+    monkeypatch.setattr(unrolled, "kernel_ptx", lambda *args: pytest.fail("a cache hit wrote the PTX"))
+    assert unrolled.compile_layer(weight, spec, config, cache).cubins == compiled.cubins
