@@ -49,7 +49,7 @@ except ImportError:  # run from a checkout without installing
 from sparsecnn.tuning.timing import benchmark
 from sparsecnn.backends import get_backend
 from sparsecnn.bench.env import environment, new_run_id
-from sparsecnn.backends.codegen.backend import generator as codegen
+from sparsecnn.backends.codegen import generator as codegen
 from sparsecnn.core import toolchain
 from sparsecnn.backends.codegen.plan import MODES
 from sparsecnn.core.reference import relative_error

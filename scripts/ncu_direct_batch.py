@@ -15,7 +15,7 @@ import torch
 from sparsecnn.backends import get_backend
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.core.batch_inner import batch_inner_view
-from sparsecnn.backends.direct.backend import kernel as direct_conv
+from sparsecnn.backends.direct import kernel as direct_conv
 from sparsecnn.layers import get_suite
 
 

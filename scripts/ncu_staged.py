@@ -15,7 +15,7 @@ import torch
 
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.core.batch_inner import batch_inner_view
-from sparsecnn.backends.staged.backend import kernel as staged
+from sparsecnn.backends.staged import kernel as staged
 from sparsecnn.layers import get_suite
 
 
