@@ -2,7 +2,8 @@
 # The whole `gpu` test suite on a GPU machine, in chunks that each fit one 10-minute device call.
 # One log per chunk: $OUT/gpu-tests-<chunk>-<commit>.log, and one summary line per chunk on stdout.
 # Usage: OUT=out SPARSECNN_COMMIT=<hash> bash scripts/gpu-test.sh CHUNK...
-#   chunks: backends (tests/backends), rest (every other test folder), or all (both in turn)
+#   chunks: generated (codegen, staged, unrolled tests), triton (the other backends' tests), rest
+#   (every other test folder), or all (the three in turn)
 #   <hash>: `git rev-parse --short HEAD` of the tree sent (the device's copy of .git can be stale)
 source "$(dirname "$0")/device-env.sh"
 unset TRITON_INTERPRET
@@ -11,9 +12,12 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 chunk_paths() {
     case $1 in
-    backends) echo "tests/backends" ;;
+    generated) echo tests/backends/test_{codegen,codegen_fp16,codegen_prefetch,staged,unrolled}.py ;;
+    triton) echo "tests/backends --ignore=tests/backends/test_codegen.py --ignore=tests/backends/test_codegen_fp16.py" \
+                 "--ignore=tests/backends/test_codegen_prefetch.py --ignore=tests/backends/test_staged.py" \
+                 "--ignore=tests/backends/test_unrolled.py" ;;
     rest) echo "tests --ignore=tests/backends" ;;
-    *) echo "unknown chunk $1 (backends, rest, all)" >&2; return 1 ;;
+    *) echo "unknown chunk $1 (generated, triton, rest, all)" >&2; return 1 ;;
     esac
 }
 
@@ -24,9 +28,9 @@ run_chunk() {
     # shellcheck disable=SC2086  # paths holds several words on purpose
     timeout "${CHUNK_TIMEOUT_S:-540}" python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs --durations=15 \
         -o faulthandler_timeout=120 $paths >"$log" 2>&1
-    echo "chunk $chunk (exit $?, $((SECONDS - start)) s): $(grep -E '^=+ .*(passed|failed|error).* =+$' "$log" | tail -n 1)"
+    echo "chunk $chunk (exit $?, $((SECONDS - start)) s): $(grep -E '(passed|failed|error).* in [0-9.]+s' "$log" | tail -n 1)"
 }
 
 for chunk in "$@"; do
-    if [ "$chunk" = all ]; then run_chunk backends; run_chunk rest; else run_chunk "$chunk"; fi
+    if [ "$chunk" = all ]; then run_chunk generated; run_chunk triton; run_chunk rest; else run_chunk "$chunk"; fi
 done

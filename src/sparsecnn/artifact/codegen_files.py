@@ -2,7 +2,7 @@
 code per layer (`Backend.compile_kernels`: `codegen`, `unrolled`).
 
 Compiling replays each such layer's compile through a disk cache that also writes every file it
-reads or makes into OUT/codegen/, in the layout of `kernels.codegen.toolchain.DiskCache`
+reads or makes into OUT/codegen/, in the layout of `core.toolchain.DiskCache`
 (<key[:2]>/<key>.<suffix>). Loading copies the missing ones into the local codegen cache (atomic
 writes), so binding the layers finds every kernel there and runs neither nvcc nor ptxas. The keys
 include the toolchain's versions and flags, so the files serve only the same toolchain; the

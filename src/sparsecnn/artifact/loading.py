@@ -148,7 +148,7 @@ def load(out_dir, device=None, *, prepare: bool = True, cache_dir=None, progress
     otherwise nothing is timed. prepare: bind every tuned layer for its recorded input shape now,
     so the first forward does no setup. The model's `sparsecnn_report` holds the decisions (cache
     column "artefact" when taken from it) and `sparsecnn_retuned` the reason it re-tuned, or None;
-    `sparsecnn_load_phases` says where the time went (`autotune.PhaseClock.seconds`).
+    `sparsecnn_load_phases` says where the time went (`tuning.PhaseClock.seconds`).
     """
     clock = PhaseClock()
     with clock.phase("total"):

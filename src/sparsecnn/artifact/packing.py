@@ -1,7 +1,7 @@
 """Packed weight formats as a JSON tree plus tensors, so an artefact restores them without repacking.
 
-Repacking costs seconds per model on one CPU core (OptPrune's Algorithm 1 for `blocks`: ~0.3 s a
-layer; CSR/ELL for `direct`: ~0.1 s a layer), more than a load may take, so every packed form
+Repacking is slow on one CPU core (OptPrune's Algorithm 1 for `blocks`, CSR/ELL for `direct`,
+per layer), more than a load may take, so every packed form
 made of sparsecnn dataclasses, tuples, lists, dicts and tensors (CSR arrays, ELL, chunked CSR,
 OptPrune blocks, ...) is stored; plain tensors (dense layouts) are rebuilt. Tree nodes:
 {"dataclass": "module:QualName", "fields": {...}} (init fields; fields named "_..." are caches,

@@ -12,7 +12,7 @@ measures arithmetic error only; one float64 reference on the device. Then:
   config with `all_configs=True`).
 
 Each measurement: a best-effort poisoning of freed device memory with NaN, one run whose output is
-compared with the reference, then timing (`autotune.benchmark`, L2 flushed on CUDA).
+compared with the reference, then timing (`tuning.benchmark`, L2 flushed on CUDA).
 """
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ def bench_layers(specs: Sequence[ConvSpec], *, suite: str, sparsity: float, patt
     suite: label recorded in the rows. sparsity: fraction of zero weights in [0, 1). pattern: "random"
     or "dlmc-<method>" (layers without a DLMC mask fall back to random; the row records the label
     used). dtype: "fp32" (TF32 off), "tf32", "fp16" or "bf16". backends: registered backend names.
-    timing: keyword arguments for `autotune.benchmark` (warmup_ms, rep_ms, min_rep, flush_l2).
+    timing: keyword arguments for `tuning.benchmark` (warmup_ms, rep_ms, min_rep, flush_l2).
     configs: which configs of each backend to time: "default" (its default), "auto" (those
     `backend="auto"` tries) or "all" (every candidate).
     mode: "gpu" (on CUDA the GPU time alone, the CPU's launch overhead hidden, for cuDNN and the

@@ -1,11 +1,11 @@
 """Whole-model benchmark: the pruned model run densely by cuDNN, then sparsified, in several modes.
 
 Modes: "eager" (plain calls, timed as wall time of back-to-back calls: the CPU's launch cost
-counts, as in an eager loop; `autotune.timing.eager_benchmark`), "cudagraph" (captured once with
+counts, as in an eager loop; `tuning.timing.eager_benchmark`), "cudagraph" (captured once with
 `torch.cuda.CUDAGraph` after a warm-up on a side stream, timed as `graph.replay()`; CUDA only,
 skipped with a note elsewhere) and "compile" (`torch.compile` with `compile_mode`, "max-autotune"
 by default, for the dense and the sparse model alike: inductor fuses the dense model's BatchNorm
-and ReLU, and the ops around the sparse model's convs, which are opaque custom ops to it). The sparse model is first simplified for inference (`nn.prepare_for_inference`: BatchNorm
+and ReLU, and the ops around the sparse model's convs, which are opaque custom ops to it). The sparse model is first simplified for inference (`passes.prepare_for_inference`: BatchNorm
 folded, ReLU and residual adds fused into the convs), then tuned (`sparsify_`). Every row's
 `rel_err` compares that mode's output with the masked model run in float64 on the same input.
 """
@@ -130,7 +130,7 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     """The sparse row's `config`: {"layers": {module path: {"backend", "config", "ms", "dense_ms"}},
     "tune_s": seconds spent in `sparsify_`, "conv_ms" / "dense_conv_ms": the tuned convs' summed
     times and the same convs run densely (per-layer medians from tuning; null when not tuned),
-    "model_check": the whole-model check against dense (`autotune.ModelCheck` as a dict, or null),
+    "model_check": the whole-model check against dense (`tuning.ModelCheck` as a dict, or null),
     "tune_phases_s": where the tuning time went (`TuneReport.phase_s`, rounded; {} when not tuned),
     "tune_workers": the worker jobs' times (`TuneReport.worker_jobs`), "layout_ms": the whole-model
     times with NCHW and batch-innermost outputs between "batch" layers (`TuneReport.layout_ms`),
@@ -251,7 +251,7 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     then the model after `sparsify_(..., backend=backend)` (row backend = `backend`, "auto" included;
     `config` = each layer's chosen backend and config) in each mode. pattern/sparsity: see
     `_pruned_model`; with `checkpoint` the weights come from that state dict instead. dtype: "fp32"
-    (TF32 off), "tf32", "fp16", "bf16". timing: keyword arguments for `autotune.benchmark` (modes other than eager).
+    (TF32 off), "tf32", "fp16", "bf16". timing: keyword arguments for `tuning.benchmark` (modes other than eager).
     compile_mode: `torch.compile`'s mode for both models in mode "compile" (None: default).
     backends: with backend "auto", the only sparse backends tuning may pick (None: all; the sparse
     row's config records it). run_mode: what tuning times (`autotune_model`; the row's config

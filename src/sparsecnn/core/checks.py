@@ -76,8 +76,8 @@ def stride_padding(stride, padding) -> Tuple[Tuple[int, int], Tuple[int, int]]:
 def launch_spec(x_shape: Tuple[int, int, int, int], kernel_shape: Tuple[int, int, int, int],
                 stride: Tuple[int, int], padding: Tuple[int, int]) -> ConvSpec:
     """The `ConvSpec` of an (N, C, H, W) input convolved by a (K, C, R, S) kernel. Cached: the
-    launchers need it on every call, and building one (with its checks) costs ~10 us of Python,
-    a third of an eager call's Python time."""
+    launchers need it on every call, and building one (with its checks) is a large share of an
+    eager call's Python time."""
     n, c, h, w = x_shape
     k, _, r, s = kernel_shape
     return ConvSpec(n, c, k, h, w, r, s, stride, padding)
@@ -86,7 +86,7 @@ def launch_spec(x_shape: Tuple[int, int, int, int], kernel_shape: Tuple[int, int
 def current_device(x: torch.Tensor):
     """A context in which x's CUDA device is the current one (Triton launches on the current device):
     a no-op when it already is or x is not on CUDA, since entering `torch.cuda.device` on every eager
-    call showed in the eager profile (H100, `scripts/profile_eager.py`)."""
+    call showed in the eager profile (`scripts/profile_eager.py`)."""
     if not x.is_cuda or x.device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(x.device)

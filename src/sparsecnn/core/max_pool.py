@@ -3,21 +3,16 @@
 Why. PyTorch's CUDA max pooling always computes the argmax: it writes an int64 index beside every
 output value, reads NCHW through a kernel of one thread per output with 64-bit index arithmetic,
 and copies any input that is neither NCHW nor channels_last (a batch-innermost activation of
-`direct` "batch" layers) to NCHW first. GoogLeNet's 13 max pools took 0.75 ms of its 2.9 ms
-sparsified forward on the H100 (fp32, N=32;
-`benchmarks/results/2026-11-22-h100-s12-profile-4439bc8.jsonl`). Here one program writes BLOCK
+`direct` "batch" layers) to NCHW first: a sizeable share of a sparsified GoogLeNet's forward.
+Here one program writes BLOCK
 consecutive outputs of one plane of the two innermost dims in memory order (coalesced stores), the
 outer two dims' coordinates computed once per program and the inner size a constexpr (so the
 per-output div/mod is a multiply and shift), and reads each window's taps, which are contiguous
 along the layout's innermost dim (w for NCHW, n batch-innermost, c channels_last), with 32-bit
-index arithmetic unless the tensors are too large for it. On the H100 (N=32, sums over each
-model's pools, `...-s12-max-pool-16475dc.jsonl`): GoogLeNet's 13 pools 0.44 ms fp32 NCHW against
-0.77 ms for F.max_pool2d, 0.27 against 0.79 ms fp16 channels_last; VGG16's five 0.38 against 0.62 ms
-fp32 and 0.21 against 0.69 ms fp16. Tried (GoogLeNet's pools, speedup over F.max_pool2d in the same
-run, fp32 NCHW / fp16 channels_last; this kernel: 1.74x / 2.88x): one program per block of all
-outputs in memory order with a runtime div/mod chain per output, 1.76x / 1.82x
-(`...-s12-max-pool-cbee33c.jsonl`; the integer work bound it in fp16); 2-D tiles (rows of the
-outer dims x a block of the innermost dim), 1.66x / 1.66x (`...-s12-max-pool-2835c60.jsonl`).
+index arithmetic unless the tensors are too large for it. It is faster than F.max_pool2d on the
+pools of GoogLeNet and VGG16, fp32 and fp16. Tried and slower: one program per block of all
+outputs in memory order with a runtime div/mod chain per output (the integer work bound it in
+fp16); 2-D tiles (rows of the outer dims x a block of the innermost dim).
 
 Semantics are F.max_pool2d's (bitwise: a max involves no rounding): -inf padding, ceil_mode,
 dilation, and a NaN anywhere in a window makes the output NaN.
@@ -52,8 +47,8 @@ class PoolConfig:
 
 
 # The first is the default: summed over every pool of googlenet, vgg16, resnet50 and alexnet-cifar
-# (N=32, H100, `...-s12-max-pool-16475dc.jsonl`) it was the fastest or within 1% of it in each of
-# fp32 NCHW, fp32 batch-innermost, fp16 channels_last and fp16 batch-innermost.
+# it was the fastest or close to it in each of fp32 NCHW, fp32 batch-innermost, fp16 channels_last
+# and fp16 batch-innermost.
 CONFIGS = (PoolConfig(512, 4), PoolConfig(256, 2), PoolConfig(1024, 4), PoolConfig(2048, 8))
 DEFAULT = CONFIGS[0]
 

@@ -73,8 +73,8 @@ _NEXT_HANDLE = itertools.count(1)
 
 
 def register_codegen(compiled) -> int:
-    """The handle of a compiled kernel, a `kernels.codegen.CompiledConv` or `CompiledUnrolled` (the
-    same handle for the same object).
+    """The handle of a compiled kernel, a `backends.codegen.generator.CompiledConv` or
+    `backends.unrolled.kernel.CompiledUnrolled` (the same handle for the same object).
 
     The registry holds it weakly: keep `compiled` alive as long as the handle is used.
     """

@@ -5,7 +5,7 @@ pruning contract: dense (K, C // groups, R, S) with zeros at pruned positions.
 
 Running is split in two: `bind` does the Python work once per layer and input size (config
 defaults, offsets for the padded input, JSON configs, compiled-kernel handles) and returns a
-`KernelCall`; calling that is pure tensor work (a torch.library op of `ops.py`, or an aten
+`KernelCall`; calling that is pure tensor work (a torch.library op of a backend's `op.py`, or an aten
 composition), so torch.compile traces it without graph breaks and CUDA graphs capture it.
 Every call computes act(conv(x) + bias + residual), act = ReLU or identity: kernels with an
 epilogue fuse it, the others finish with `apply_epilogue_`.
@@ -32,8 +32,8 @@ class KernelCall:
 
     call(x, bias, residual, relu) = fn(x, *tensors, bias, residual, *static, relu) -> (N, K, P, Q):
     act(conv(x) + bias + residual) for x (N, C, H, W) of the shape and dtype it was bound for;
-    bias (K,) or None; residual None or of the output's shape, dtype and device. `fn` is an op of
-    `ops.py` or a function of aten ops; `static` holds ints, lists and strings only. `keepalive`
+    bias (K,) or None; residual None or of the output's shape, dtype and device. `fn` is an op of a
+    backend's `op.py` or a function of aten ops; `static` holds ints, lists and strings only. `keepalive`
     is never passed: it holds what handles in `static` refer to (a compiled codegen kernel).
     `eager`: `fn`'s plain Python implementation, called instead of the op outside torch.compile.
     """
@@ -99,15 +99,15 @@ class Backend:
     and binding `config` now would wait for prefetched work still running; the tuner then times
     that candidate after the model's other layers.
     bind_pooled(packed, spec, config, dtype, has_bias, pool), optional: a `bind` whose kernel also
-    applies the max pool `pool` (a `kernels.pool.PoolArgs`) to act(conv + bias), returning the
+    applies the max pool `pool` (a `core.pool_args.PoolArgs`) to act(conv + bias), returning the
     pooled output (no residual), or None where it cannot; without it the layer pools after the call.
     batch_inner(config): whether the kernel with `config` reads its input batch-innermost ((N, C, H, W)
     stored as (C, H, W, N)) and writes new outputs in `config.out_layout` (a "batch" layer, see
-    `nn.layout`); writes_nchw: whether such a layer writes NCHW well (False: it always writes
+    `tuning.layout`); writes_nchw: whether such a layer writes NCHW well (False: it always writes
     batch-innermost outputs, e.g. a warp holding one pixel's images scatters NCHW stores).
     compile_kernels(packed, spec, config, dtype, has_bias, relu_only, cache), optional, for backends
     that generate code per layer: compile (or fetch) the kernels a bound layer runs through `cache`
-    (a `kernels.codegen.toolchain.DiskCache`); artefacts pass one that copies every file it touches.
+    (a `core.toolchain.DiskCache`); artefacts pass one that copies every file it touches.
     """
 
     name: str

@@ -1,11 +1,10 @@
 """Launching a Triton kernel with less Python per call than `kernel[grid](...)`.
 
-Why. An eager call of a sparsified model is CPU-bound: on the H100 a tuned ResNet-50 (N=32, fp32)
-took 6.7 ms of CPU time per call to issue 5.3 ms of GPU work, about 125 us per conv layer
-(`benchmarks/results/2026-11-22-h100-s9-eager-profile-f4fbb42.txt`), and Triton's
-`JITFunction.run` (binding and specialising every argument, hashing the cache key, checking
-globals) was about a third of it under cProfile. Here the compiled kernel is found by a key computed from what
-Triton specialises on, then launched through the compiled kernel's launcher (`CompiledKernel.run`).
+Why. An eager call of a sparsified model is CPU-bound: a tuned ResNet-50 takes more CPU time per
+call to issue its GPU work than the GPU work takes, and Triton's `JITFunction.run` (binding and
+specialising every argument, hashing the cache key, checking globals) is a large part of it.
+Here the compiled kernel is found by a key computed from what Triton specialises on, then
+launched through the compiled kernel's launcher (`CompiledKernel.run`).
 
 What Triton 3.x specialises on: each tensor's dtype and 16-byte alignment; each int's width (i32 or
 i64) and, unless the parameter is in `do_not_specialize`, whether it is 1 or a multiple of 16; the

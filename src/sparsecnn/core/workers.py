@@ -67,9 +67,8 @@ def reset_job_times() -> None:
 
 def _start_worker(niceness: int) -> None:
     """Each worker: niced, and one thread for torch's CPU ops. The workers are the parallelism:
-    with torch's default (a thread per core in every worker), 16 block-extraction and 16 codegen
-    workers on the H100 machine's 16 cores ran 433 s and 457 s of jobs tuning a ResNet-50; with
-    one thread each (and half the CPUs per pool), 36 s and 134 s."""
+    with torch's default (a thread per core in every worker), block-extraction and codegen workers
+    oversubscribe the cores and their jobs run several times longer than with one thread each."""
     os.nice(niceness)
     import torch
 

@@ -1,13 +1,10 @@
 """`SplitKLinear`: an nn.Linear that may run as a split-K GEMM, the split chosen per layer by timing.
 
-Why: at small batches F.linear (cuBLAS) has too few output tiles to fill the GPU. On an H100, fp32
-with TF32 off, batch 32, VGG16's 25088 -> 4096 classifier took 0.50 ms: 32 rows give cuBLAS 32 tiles
-for 132 SMs. Cutting in_features into S slices, computing the S partial products as one batched GEMM
-and summing them took 0.246 ms at S=8 (4096 -> 4096: 0.111 -> 0.060 ms at S=8; 4096 -> 1000: 0.040 ->
-0.028 ms at S=16; ResNet-50's fc 2048 -> 1000: 0.029 -> 0.022 ms at S=16), relative error against
-fp64 below 1.5e-6 (`benchmarks/results/2026-11-23-h100-s14-splitk-linear-05f35e9.jsonl`, script
-`benchmarks/experiments/2026-11-23-s14-splitk-linear.py`). At batch 128 the gains shrink and on
-small layers S=2 loses, so the split is measured per layer, not fixed.
+Why: at small batches F.linear (cuBLAS) has too few output tiles to fill the GPU (at batch 32, a
+classifier such as VGG16's 25088 -> 4096 gives cuBLAS far fewer tiles than the GPU has SMs). Cutting
+in_features into S slices, computing the S partial products as one batched GEMM and summing them
+fills it, at fp32-level error. At larger batches the gains shrink and on small layers a split can
+lose, so the split is measured per layer, not fixed.
 
 What: `prepare_for_inference` swaps every nn.Linear for a `SplitKLinear` with `splits` 1 (F.linear);
 `tune_linears` (run by `autotune_model`) times each one that sees a CUDA fp32 2-D input with every
@@ -24,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 SPLITS = (2, 4, 8, 16, 32)
-# Slices shorter than this are not tried: in the probe above they never won by more than 1%
-# (GoogLeNet's fc 1024 -> 1000 at S=16: 0.0186 ms, S=8 0.0187 ms) and each costs a benchmark.
+# Slices shorter than this are not tried: they never won by more than noise, and each costs a
+# benchmark.
 MIN_SLICE = 128
 
 

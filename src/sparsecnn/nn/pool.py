@@ -1,11 +1,10 @@
 """Max pooling for sparsified models: `MaxPool2d` and the functional `max_pool2d`.
 
 `prepare_for_inference` swaps every nn.MaxPool2d and F.max_pool2d call without indices for these.
-Eager on CUDA (and under CUDA-graph capture) they launch kernels/triton/pool.py (no argmax, the
+Eager on CUDA (and under CUDA-graph capture) they launch core/max_pool.py (no argmax, the
 input's layout kept); under torch.compile and off CUDA they are F.max_pool2d, which inductor
 lowers without indices and fuses with its neighbours: as an opaque op our kernel made the compiled
-fp16 GoogLeNet slower (1.037 ms at e94d45e against 0.861 ms at 92a42ce with F.max_pool2d, N=32,
-H100, `benchmarks/results/2026-11-22-h100-s12-models.jsonl`), since inductor then writes each
+fp16 GoogLeNet slower than F.max_pool2d, since inductor then writes each
 inception concatenation out before pooling it. The values are F.max_pool2d's either way.
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ class SparseConv2d(nn.Module):
     mask: bool of the same shape (the positions allowed to be non-zero). Input (N, C, H, W) or
     (N, C, L); output (N, K, P, Q) or (N, K, L_out), in the input's dtype:
     act(conv(x) + bias + residual), act = ReLU for activation="relu", fused into the kernel's
-    epilogue where the backend can; then, when `pool` (a `kernels.pool.PoolArgs`, 2-D layers
+    epilogue where the backend can; then, when `pool` (a `core.pool_args.PoolArgs`, 2-D layers
     without a residual; set by `prepare_for_inference`) is set, the max pool of that, fused into
     the kernel where the backend can (`Backend.bind_pooled`), else run after it (`nn.pool`).
     Cases the backend does not support run densely (F.conv2d); `extra_repr` says so.
@@ -342,7 +342,7 @@ def _mark_static(tensors) -> None:
     would be copied into the graph's own buffers on every replay otherwise).
 
     Sets what `torch._dynamo.mark_static_address(t)` sets when dynamo is not imported yet:
-    importing it costs 1-5 s, most of loading an artefact (a test checks the two agree)."""
+    importing it is slow, most of the cost of loading an artefact (a test checks the two agree)."""
     dynamo = sys.modules.get("torch._dynamo")
     for tensor in tensors:
         if tensor is not None and tensor.is_cuda:

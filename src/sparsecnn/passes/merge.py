@@ -1,11 +1,9 @@
 """Sibling convolutions merged into one: convs that read the same tensor with the same geometry.
 
-Why. An inception block (GoogLeNet) runs three 1x1 convs on its input, each a small kernel of
-7-45 us at N=32 on the H100 (fp32, 0.9 sparsity). Merged, GoogLeNet has 39 conv layers instead of
-57: fewer launches per eager forward, fewer layers to tune. What it did not change (H100, fp32,
-N=32, one run, `benchmarks/results/2026-11-23-h100-s15-merge-siblings-a132c5e.*`): the GPU time
-under CUDA graphs, 2.215 ms merged against 2.209 ms unmerged, although the siblings' tuned times
-(each timed alone after an L2 flush) summed to 0.672 ms and the merged layers' to 0.493 ms: in the
+Why. An inception block (GoogLeNet) runs three 1x1 convs on its input, each a small kernel.
+Merged, GoogLeNet has 39 conv layers instead of 57: fewer launches per eager forward, fewer layers
+to tune. What it does not change much is the GPU time under CUDA graphs, although the merged
+layers' tuned times (each timed alone after an L2 flush) sum to less than the siblings': in the
 model the second and third siblings find the input in L2, so reading it once saves little.
 Its output's channel slices `y[:, a:b]` replace the siblings' outputs (views: NCHW slices are
 strided, batch-innermost ones are dense, so `layout` keeps that layout through them).

@@ -13,7 +13,7 @@ non-zeros and fine-tuned with its mask fixed.
 Scale of rho: the penalty is a plain sum of squares next to a batch-mean cross-entropy, and under
 SGD each step moves W towards Z - U by about lr * rho of the gap. The defaults (lr 0.01, rho 1.0
 growing 1.2x per epoch, 12 epochs) bring W onto its sparse copy on digits: for lenet5 at 95%, the
-norm of the weights outside the top-k falls from 91% to 0.3% of ||W||, and hard pruning costs no
+weights outside the top-k shrink to a negligible share of ||W||, and hard pruning costs no
 accuracy.
 The paper's rho ~1e-3 goes with Adam, which rescales gradients; with SGD it leaves W unchanged.
 """

@@ -1,5 +1,5 @@
 """Measured choice among backends: per-layer tuning with early exit, precision policies, and
-decisions cached on disk per environment (`nn.autotune_model` applies it to a whole model)."""
+decisions cached on disk per environment (`tuning.autotune_model` applies it to a whole model)."""
 from sparsecnn.tuning.cache import TuneCache, default_cache_dir, layer_key, pattern_hash
 from sparsecnn.tuning.fingerprint import environment_fingerprint
 from sparsecnn.tuning.phases import PhaseClock

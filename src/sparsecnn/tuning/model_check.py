@@ -27,8 +27,7 @@ MIN_GAIN = 0.005
 
 def dense_backend(device_type: str) -> str:
     """The dense backend a whole model is checked against: on CUDA cuDNN with the epilogue fused
-    (NHWC for fp16/bf16), the fastest dense form on ResNet-50
-    (benchmarks/experiments/2026-11-22-s10-cudnn-fused.py)."""
+    (NHWC for fp16/bf16), the fastest dense form on ResNet-50."""
     return "dense-fused" if device_type == "cuda" else "dense"
 
 

@@ -54,7 +54,7 @@ class ModelCheck:
     layers and with every tuned layer on `dense_backend`; `kept`: "tuned" or "dense", the faster.
     Then `switched`: the layers moved, one at a time, from the kept form to their other one (dense
     for a kept tuned model, the tuned choice for a kept dense one) because the whole model got
-    faster, to `final_ms` (`nn.model_check`). On CUDA also in eager mode (`tuned_eager_ms`,
+    faster, to `final_ms` (`tuning.model_check`). On CUDA also in eager mode (`tuned_eager_ms`,
     `dense_eager_ms`: wall ms per call of back-to-back calls, the CPU's launch costs included, which
     CUDA graphs hide; None elsewhere)."""
 
@@ -95,8 +95,8 @@ class TuneReport:
     (None when not checked), the conv layers the example input never reached, the cache dir, and
     the whole-model check against dense (None when not run), and the wall seconds of each phase of
     tuning (`PhaseClock.seconds`; "total" is the whole call) and of the jobs run ahead in worker
-    processes (`worker_jobs`: pool -> `backends.workers.JobTimes` as a dict), and the `direct` "batch"
-    layers that write batch-innermost outputs (`nn.layout`) with the whole-model times that decided
+    processes (`worker_jobs`: pool -> `core.workers.JobTimes` as a dict), and the `direct` "batch"
+    layers that write batch-innermost outputs (`tuning.layout`) with the whole-model times that decided
     it (`layout_ms`: "nchw", "batch_inner"), and the run mode the times stand for ("graph": GPU
     time, as CUDA graphs and torch.compile run it; "eager": eager wall time), and the split of each
     `nn.SplitKLinear` that was timed (`linears`: module path -> {"splits", "ms", "dense_ms"}, ms of

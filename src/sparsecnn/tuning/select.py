@@ -112,7 +112,7 @@ class MeasuringTimer:
 class EagerTimer:
     """Wall time per call of back-to-back eager calls (`eager_wall_ms`): what a model run without
     CUDA graphs or torch.compile pays, the CPU's launch cost included. A small layer's Triton launch
-    costs more CPU than its GPU work (~0.1 ms at N=1), so under this timer dense cuDNN wins the
+    costs more CPU than its GPU work at small batches, so under this timer dense cuDNN wins the
     layers whose sparse kernel saves less than that."""
 
     device: torch.device

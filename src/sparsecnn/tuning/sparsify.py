@@ -1,7 +1,7 @@
 """`sparsify_` and `autotune_model`: run a model's convolutions as `SparseConv2d`, in place.
 
 Tuning runs the model once on the example inputs with a pre-hook on each selected layer: the hook
-tunes the layer on the input it sees (`autotune.tune_layer`) and the layer then runs its choice, so
+tunes the layer on the input it sees (`tuning.tune_layer`) and the layer then runs its choice, so
 each activation lives only as long as the forward pass needs it and that pass's output is the
 tuned model's output.
 """
@@ -162,9 +162,9 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
 
     example_inputs: a tensor or a tuple of `model`'s positional inputs, on the model's device (put
     the model in eval mode first: it runs twice). Each layer is tuned at the shape it sees
-    (`autotune.tune_layer`): every backend x config supporting it (only `backends`, plus the dense
+    (`tuning.tune_layer`): every backend x config supporting it (only `backends`, plus the dense
     ones, when given) at the precision policy `dtype` (see `sparsify_`), decisions cached in
-    `cache_dir` (default `autotune.default_cache_dir()`) unless `retune`. progress: a tqdm bar
+    `cache_dir` (default `tuning.default_cache_dir()`) unless `retune`. progress: a tqdm bar
     (default: when stderr is a terminal). run_mode: how the model will run, which decides what is
     timed: "graph" (default; CUDA graphs or torch.compile with them: GPU time, launches hidden) or
     "eager" (plain calls: wall time of back-to-back calls, CPU launch cost included, so layers
@@ -268,11 +268,11 @@ class _LayerTuning:
     A candidate whose prefetched preparation is still running (a codegen compile in a worker) is
     not waited for: the layer is tuned without it, runs its choice, and keeps its input; after the
     pass, `finish_deferred` times such candidates against the choice on that input. Otherwise
-    tuning waits at the first layers, reached seconds after their compiles (up to ~30 s each) start.
+    tuning waits at the first layers, reached long before their compiles finish.
     Meanwhile such a layer keeps writing NCHW (no batch-innermost tuning layout), the layout its
     deferred candidates write (codegen's): later layers are tuned on the input they get if one wins.
     When a deferred candidate is itself a "batch" one (`unrolled`), the tuning layout stays.
-    (On the H100, ResNet-50 fp32 deferred with the tuning layout kept three fewer codegen layers: a
+    (Deferring with the tuning layout kept fewer codegen layers: a
     "batch" stand-in's batch-innermost output made the next layers pick "batch" on that input.)
     """
 

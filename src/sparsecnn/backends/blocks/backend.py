@@ -1,7 +1,7 @@
 """Backend `blocks`: OptPrune (paper 000, Sec. 4) in Triton: GEMM on dense blocks + sparse remainder.
 
-prepare runs Algorithm 1 (`formats.blocks.extract_blocks`, t1 = B1 = B2 = 8 and the config's t2)
-and packs the result for the kernel (`kernels.triton.blocks_conv.BlocksWeight`); bind hands its
+prepare runs Algorithm 1 (`backends.blocks.format.extract_blocks`, t1 = B1 = B2 = 8 and the config's t2)
+and packs the result for the kernel (`backends.blocks.kernel.BlocksWeight`); bind hands its
 tensors to the op `sparsecnn::blocks_conv2d`, whose epilogue fuses bias, residual and ReLU.
 
 Algorithm 1 runs ahead of tuning in worker processes and is cached by weight content and t2
@@ -41,17 +41,16 @@ def _candidate_configs(weight: torch.Tensor, dtype: torch.dtype) -> List[Any]:
     return _kernels().candidate_configs(ConvSpec(1, c, k, r, s, r, s), dtype)
 
 
-# The t2 values `backend="auto"` tries (each costs one run of Algorithm 1 per layer, 0.1-1 s of
-# CPU): 37 of the 53 layers that blocks won in the H100 model runs used t2 = 4 or 8, and 8 is the
-# tensor-core default; the 10 won at 12 or 16 all ran exact fp32 on FMA units, no longer the default.
+# The t2 values `backend="auto"` tries (each costs one CPU run of Algorithm 1 per layer): most
+# layers that blocks won in model runs used t2 = 4 or 8, and 8 is the tensor-core default; those
+# won at 12 or 16 all ran exact fp32 on FMA units, no longer the default.
 AUTO_T2 = (4, 8)
 
 
 def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     """Those of AUTO_T2; in fp32 only the "tf32" ones (offered under the tf32 policy alone): under the
-    fp32 policy blocks was chosen for 0 of the 3180 layers of the 75 fp32 model tunings of sessions
-    8-15 on the H100 (`benchmarks/results/*-s{8..15}-*.jsonl`), while its extractions, binds and
-    compiles took 5-10 s of a ResNet-50's ~55 s tuning. Asked for by name (`backends=[..., "blocks"]`),
+    fp32 policy blocks was never chosen for a layer of the fp32 models tuned, while its extractions,
+    binds and compiles took a sizeable share of a ResNet-50's tuning. Asked for by name (`backends=[..., "blocks"]`),
     it is tried with all its configs."""
     precision = "tf32" if dtype == torch.float32 else None
     return [config for config in _kernels().candidate_configs(spec, dtype, precision) if config.t2 in AUTO_T2]

@@ -1,8 +1,8 @@
 """Algorithm 1 for backend `blocks`, cached by weight content and t2, and run ahead of tuning.
 
-Extraction takes ~0.3 s per layer and t2 on one core (58 s of 198 s when tuning a ResNet-50 on
-the GPU machine), so backend `blocks`' `prefetch` hands it to worker processes ahead of tuning
-(`submit_extractions`; `workers.WorkerPool`, at most $SPARSECNN_BLOCKS_WORKERS of them).
+Extraction is slow on one core (per layer and t2: a large share of tuning a ResNet-50), so
+backend `blocks`' `prefetch` hands it to worker processes ahead of tuning (`submit_extractions`;
+`workers.WorkerPool`, at most $SPARSECNN_BLOCKS_WORKERS of them).
 `extraction` takes a submitted result when there is one (kept until taken or
 `clear_extractions`), else extracts in-process (kept in a small LRU: a layer's t2 values repeat
 across its configs). Results are the same either way: Algorithm 1 is deterministic.

@@ -27,11 +27,10 @@ hMETIS; "jaccard", our fallback: rows grouped by the Jaccard similarity of their
 similarity the paper uses to explain the grouping), by recursive spectral bisection of the
 similarity graph, then balanced label propagation that moves a row to the group it is most
 similar to. Both keep groups within (1 + imbalance) * ceil(K / t1) rows, like hMETIS. "auto"
-takes mtkahypar when importable, else jaccard. Measured on DLMC ResNet-50 (magnitude 0.9, t2 in
-4..12, one core): the fallback puts a similar or larger share of the non-zeros in blocks at the
-same fill (e.g. layer3.1.conv2, t2 = 8: 0.38 at fill 0.29 vs mtkahypar 0.38 at 0.28), in 0.02-1 s
-per layer, where mtkahypar takes 0.1-190 s (tens of iterations x up to 8 s per partition):
-with mtkahypar installed, "auto" exceeds a 5 s-per-layer budget on the large layers.
+takes mtkahypar when importable, else jaccard. On DLMC ResNet-50 (magnitude 0.9, t2 in 4..12)
+the fallback puts a similar or larger share of the non-zeros in blocks at the same fill, and runs
+far faster than mtkahypar (tens of partitions per layer): with mtkahypar installed, "auto" is slow
+on the large layers.
 """
 from __future__ import annotations
 
@@ -178,7 +177,7 @@ def extract_blocks(weight: torch.Tensor, params: Optional[BlockParams] = None) -
 @contextlib.contextmanager
 def _one_thread():
     """torch on one thread: the partitioner makes thousands of small matrix products, for which
-    waking threads costs more than the work (two threads made extraction 4-8x slower)."""
+    waking threads costs more than the work (two threads made extraction several times slower)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

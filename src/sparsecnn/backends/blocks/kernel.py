@@ -86,8 +86,8 @@ _MAX_ACC_PER_THREAD = 128  # beyond this the accumulators alone spill registers
 
 
 # Specialised: PQ and y_img_stride (the output stores along pixels). The other integers' divisibility
-# gave one compile per layer shape: 43 of the 82 Triton compiles of tuning a ResNet-50 were this
-# kernel's (H100, `scripts/profile_tuning.py --triton-census`).
+# gave one compile per layer shape: most of the Triton compiles of tuning a ResNet-50 were this
+# kernel's (`scripts/profile_tuning.py --triton-census`).
 @triton.jit(do_not_specialize=["NPQ", "Q", "row_step", "col_step", "x_img_stride", "num_tiles"])
 def _blocks_conv_kernel(
     x_ptr, rows_ptr, dense_start_ptr, dense_off_ptr, dense_val_ptr,

@@ -2,12 +2,12 @@
 
 The weight is compiled into the kernels (zero weights' FMAs removed, the rest immediates), which
 needs the layer's spatial shape: `prepare` only checks and keeps the weight, and each layer shape
-(any batch) is compiled on its first `bind` (through the on-disk cache of kernels/codegen, so a
+(any batch) is compiled on its first `bind` (through the on-disk cache of backends/codegen/generator.py, so a
 shape compiled before costs a file read). Bind and run once outside CUDA-graph capture (the first
 launch loads the modules). Runs go through the op `sparsecnn::codegen_conv2d`, which takes the
 compiled kernels by a handle (see core/op_support.py).
 
-Compiling a ResNet-50 layer costs 1-60 s of CPU, so `backend="auto"` tries only the default
+Compiling a layer is slow (nvcc, then ptxas), so `backend="auto"` tries only the default
 config (`auto_configs`), and `prefetch` compiles it in worker processes (`workers.WorkerPool`, at
 most $SPARSECNN_CODEGEN_WORKERS) while earlier layers are timed; `bind` then takes the result.
 Importing this module imports neither cuda-python nor CuPy and does not touch CUDA.
@@ -36,15 +36,13 @@ from sparsecnn.core.spec import ConvSpec
 from sparsecnn.core.workers import NOTHING, WorkerPool
 
 # K*C*R*S beyond this unrolls into so many kernels (each <= DEFAULT_MAX_KERNEL_FMAS template FMAs,
-# ~10 s of nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
+# nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
 MAX_UNROLLED_WEIGHTS = 1 << 20
 # `backend="auto"` compiles only the default config, and only for layers whose output channels fit
 # in at most this many kernels (slices): each slice reads the whole input again, and compile time
-# grows with the slices. On the H100 (ResNet-50 DLMC 0.9, fp32, N=32), auto with up to 4 slices
-# compiled 25 layers; codegen won 8 of the 12 one-slice layers (2.0-5.0x against dense) and 3 of
-# the 13 multi-slice ones (1.2x, 0.03 ms each), which took 75 s of the 98 s of compiling all 25 in
-# one process on a 2-core build machine (one 4-slice layer: 20 s); on the H100 machine, tuning
-# waited 102 s for codegen compiles in all.
+# grows with the slices. On ResNet-50 (DLMC 0.9, fp32) codegen won most one-slice layers against
+# dense but few multi-slice ones, by little, and those took most of the compile time that tuning
+# waited for.
 MAX_AUTO_SLICES = 1
 _INT32_MAX = 2**31 - 1
 _LOG = logging.getLogger("sparsecnn.backends.codegen.backend")
@@ -178,8 +176,7 @@ def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
 def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     """[the default config] when its plan has at most MAX_AUTO_SLICES slices, else []; [] for
     strided 1x1 layers (downsampling shortcuts): codegen never beat direct or dense on one in the
-    H100 model runs, and their templates compile slowly (resnet18-cifar's 128 -> 256: 61 s on a
-    2-core build machine)."""
+    model runs, and their templates compile slowly."""
     if (spec.R, spec.S) == (1, 1) and spec.stride != (1, 1):
         return []
     default = _configs(spec, dtype)[0]

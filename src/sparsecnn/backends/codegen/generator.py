@@ -135,7 +135,7 @@ def _generator_digest() -> str:
 def _template_key(plan: KernelPlan) -> str:
     """Cache key of `plan`'s placeholder PTX: the plan without what the source does not depend on
     (the batch and the layer's name), the generator's digest and the toolchain. Generating the
-    source of a large template takes 0.1-0.3 s, which loading a cached layer would otherwise pay."""
+    source of a large template is slow enough that loading a cached layer would otherwise pay it."""
     spec = dataclasses.replace(plan.spec.with_batch(0), name="")
     return toolchain.cache_key("template", repr(dataclasses.replace(plan, spec=spec)), _generator_digest(),
                                toolchain.toolchain_id())

@@ -16,7 +16,7 @@ instructions per multiply-add in the inner loop (two adds, two compares), doubli
 while padding costs one extra pass over the input. As the offsets depend on (Hp, Wp), the formats
 keep the column index c*R*S + r*S + s and expand offsets per input size on first use (cached).
 The exception: `ChunkedCSRWeight.masked_codes`, offsets into the unpadded input with the tap
-(r, s) alongside, for the batch-innermost kernel's masked path (kernels/triton/direct_batch.py),
+(r, s) alongside, for the batch-innermost kernel's masked path (backends/direct/kernel_batch.py),
 whose loop is bound by L2 rather than by instructions.
 """
 from __future__ import annotations

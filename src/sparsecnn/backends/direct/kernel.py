@@ -17,7 +17,7 @@ Input layout. The kernel reads a zero-padded, contiguous NCHW input: for one non
 output pixels of a row read consecutive inputs (stride 1 when stride_w = 1), so loads coalesce. In
 channels_last the same pixels are C elements apart (one 32-byte sector per 4-byte load, 8x the
 traffic). So the launcher converts any other layout (channels_last, non-contiguous) to padded
-NCHW; with padding > 0 this is the same single copy that pads the input (see formats/ell.py for
+NCHW; with padding > 0 this is the same single copy that pads the input (see backends/direct/format.py for
 why padding beats bounds checks). The output is always contiguous NCHW.
 
 L1 reuse. Rows are stored in increasing column (c, r, s) order, so the BLOCK_K channels of a
@@ -202,12 +202,12 @@ class DirectConfig:
     program (power of two, 1..64); sub_batch: images per program (the paper's sbS: 1, 2, 4, 8);
     num_warps: 1, 2, 4, 8; num_stages: Triton software-pipelining depth (1..4; the loop has no
     tl.dot, so Triton does not pipeline it and 1 is the expected choice); variant: "chunk", "ell"
-    or "csr", or "batch" (`direct_batch`: batch-innermost input, sub_batch = images per program,
+    or "csr", or "batch" (`kernel_batch`: batch-innermost input, sub_batch = images per program,
     1..64, a divisor of N, and block_pix from 1); chunk: non-zeros per step of "chunk" and "batch"
     (power of two, 4..32; the other variants ignore it). "chunk" and "batch" compute one channel per
     program, so they need block_k = 1. out_layout: the layout of a new output, "nchw" (contiguous)
     or, for "batch" only, "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N), which a following
-    "batch" layer reads without a transpose); not tuned: `nn.layout` sets it between batch layers.
+    "batch" layer reads without a transpose); not tuned: `tuning.layout` sets it between batch layers.
     """
 
     block_pix: int = 128
@@ -307,10 +307,10 @@ def _chunked(spec: ConvSpec, block_pix: int, sub_batch: int, chunk: int, acc_per
 def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
     """Configs for the autotuner, heuristic default first; <= 14, distinct.
 
-    First the "chunk" variant, fastest on an H200 (benchmarks/results: 1.3-1.6x the one-step loop on
-    resnet-conv1, r50 1x1, r18-cifar layers): one warp per 128-256 (pixel, image) lanes won
-    everywhere measured, with chunks of 8 or 16. Then the uniform-ELL default (`_default_sizes`),
-    CSR with a small channel block, and the paper's layout (one channel, sbS = 4) for comparison;
+    First the "chunk" variant, faster than the one-step loop on the ResNet layers measured: one
+    warp per 128-256 (pixel, image) lanes won everywhere measured, with chunks of 8 or 16. Then the
+    uniform-ELL default (`_default_sizes`), CSR with a small channel block, and the paper's layout
+    (one channel, sbS = 4) for comparison;
     last the batch-innermost variant (`_batch_configs`) where the batch allows it.
     `dtype` does not change the list today (the kernel's cost is per load rather than per byte).
     """
@@ -333,10 +333,8 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> Lis
 def _batch_configs(spec: ConvSpec) -> List[DirectConfig]:
     """Variant "batch" when N has a power-of-two divisor >= 4 (below that a thread's images are too
     few for vector loads): BLOCK_N = that divisor up to 32, one warp on 64-512 (pixel, image)
-    lanes, i.e. 2-16 accumulators per thread. On the H100 (11 ResNet-50 layers x two layouts,
-    `benchmarks/results/2026-11-22-h100-s6-direct-batch.jsonl`) 128 lanes won 15 of 22 cases and
-    256 lanes 7, 512 none; 64 lanes (2 pixels x 32 images) won none of six layers in session 7
-    (`2026-11-22-h100-s7-direct-batch.jsonl`)."""
+    lanes, i.e. 2-16 accumulators per thread. On ResNet-50's layers (both layouts) 128 or 256
+    lanes won every case; 512 and 64 lanes (2 pixels x 32 images) never won."""
     block_n = min(32, spec.N & -spec.N) if spec.N > 0 else 0
     if block_n < 4:
         return []
@@ -348,15 +346,14 @@ def _batch_configs(spec: ConvSpec) -> List[DirectConfig]:
 
 def auto_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
     """The candidates `backend="auto"` tries: `candidate_configs` without the uniform-ELL layouts
-    and the 256-pixel chunked one, which never won a layer of any model tuned on the H100/H200
-    (benchmarks/results, fp32 and fp16: 9 models, 600+ layers on `direct`), nor the 128 x 2 x 16
-    chunked one, nor the "batch" tiles of 64 or 512 lanes, nor "csr" (1 of 199 layers on the H100 in
-    `2026-11-22-h100-s6-models.jsonl`); each costs a compile and a timed run per layer."""
+    and the 256-pixel chunked one, which never won a layer of any model tuned (fp32 and fp16), nor
+    the 128 x 2 x 16 chunked one, nor the "batch" tiles of 64 or 512 lanes, nor "csr" (almost
+    never won); each costs a compile and a timed run per layer."""
     return [config for config in candidate_configs(spec, dtype) if _auto(config)]
 
 
 def _auto(config: DirectConfig) -> bool:
-    if config.variant == "batch":  # 128-256 lanes won all 22 layer x layout cases (see _batch_configs)
+    if config.variant == "batch":  # 128-256 lanes won every layer x layout case (see _batch_configs)
         return 128 <= config.block_pix * config.sub_batch <= 256
     if config.variant == "chunk":  # 128 pixels x 2 images x 16 won 7 of 748 direct layers before "batch" existed
         return config.block_pix < 128 or (config.block_pix == 128 and (config.sub_batch, config.chunk) != (2, 16))
@@ -569,7 +566,7 @@ def _run(x: torch.Tensor, arrays: WeightArrays, bias: Optional[torch.Tensor], re
             if residual is not None and residual.stride() != out.stride():
                 residual = torch.empty_like(out).copy_(residual)  # the epilogue reads it at out's offsets
             # A batch-innermost padded input is read where it is, with masked loads, rather than
-            # padded by a pass over it (see direct_batch's module docstring).
+            # padded by a pass over it (see kernel_batch's module docstring).
             masked = codes is not None and (ph, pw) != (0, 0) and is_batch_inner(x)
             # A 1x1 kernel reads only the positions at multiples of the stride: only those are packed.
             step = spec.stride if (spec.R, spec.S) == (1, 1) else (1, 1)
@@ -605,7 +602,7 @@ class BoundDirectCall:
     Its first call, and any call whose input shape, dtype or device, packed arrays or static
     arguments differ from the checked ones, runs `checked` (the op's checked implementation);
     other calls check only those, the bias and the residual, then launch: checking every argument
-    was a large share of an eager call's Python (H100, `scripts/profile_eager.py`).
+    was a large share of an eager call's Python (`scripts/profile_eager.py`).
     """
 
     def __init__(self, checked: Callable[..., torch.Tensor]):

@@ -16,19 +16,17 @@ The offsets are the NCHW ones (c*Hp*Wp + r*Wp + s): in this layout they count po
 elements. Accumulation is float32; output dtype = input dtype.
 
 Layouts. From NCHW or any other layout the launcher writes the padded (C, Hp, Wp, N) input in one
-pass (`_pack_batch_inner_kernel`: a tiled transpose; torch's permuted copy took 1.0-6.6x as long,
-median 1.5x, on 11 ResNet-50 inputs on the H100, though in two different runs). A batch-innermost
+pass (`_pack_batch_inner_kernel`: a tiled transpose, faster than torch's permuted copy). A batch-innermost
 input, the view `(N, C, H, W)` with strides (1, H*W*N, W*N, N) that this kernel can write, is read
 where it is: without padding as it is, with padding through the masked path (MASKED). There the
 offsets are the weight's `masked_codes` (the tap's offset into the unpadded input, with r and s in
 its low 6 bits), each program computes per pixel which of the rows and columns r, s < 8 around it
 lie in the image (two bitmasks), and each gather is masked by its tap's two bits: taps outside the
 image load 0, as the padding would give, with the same FMAs in the same order (bitwise the same
-output). Why: the pack is a full read and write of the activation (about 0.3 ms of a 5.3 ms
-ResNet-50 forward, fp32, N=32, H100, where every padded layer's input comes batch-innermost from a
-1x1 "batch" layer), while the mask costs a few integer ops per non-zero (decode, two shifts, an
-and, a compare) in a loop bound by L2, not by instructions (see Bound;
-`benchmarks/experiments/2026-11-22-s11-masked-batch.py` times both). Where the codes do not fit
+output). Why: the pack is a full read and write of the activation (a noticeable share of a
+ResNet-50 forward, where every padded layer's input comes batch-innermost from a 1x1 "batch"
+layer), while the mask costs a few integer ops per non-zero (decode, two shifts, an and, a
+compare) in a loop bound by L2, not by instructions (see Bound). Where the codes do not fit
 (R or S > 8, or an image too large for int32 codes) the input is packed. The output is
 (N, K, P, Q), either contiguous NCHW or that batch-innermost view (`DirectConfig.out_layout`),
 which a following batch layer reads as it is (packs it only where the codes do not fit); the
@@ -36,16 +34,11 @@ residual is read in the output's layout.
 Grid: 1-D, channels fastest (programs that run together read the same input tile from L2), then
 pixel tiles, then image blocks.
 
-Bound (Nsight Compute on the H100, ResNet-50 layer2.1.conv2, DLMC 0.9, N=32, 4 pixels x 32 images):
-L2 throughput 83% of peak, L1 hit rate 40%, L1 throughput 60%, 43% occupancy; warps wait on L1TEX
-loads. Tried and dropped: programs of 2-8 channels of similar length (one warp each, stepping
-together) raised the L1 hit rate to 69% but made the kernel L1-throughput bound: 166 us against
-128 us on that layer under Nsight Compute; in the layer benchmark (launch overhead included,
-`benchmarks/results/2026-11-22-h100-s7-direct-batch.jsonl`) within 2% on three of six layers and
-8-18% slower on the others. Loading a chunk's weights and offsets as two vectors instead of CHUNK
-scalars was never faster (0-4% slower per config, `...-s7-vector-chunk-loads.jsonl`). A persistent
-grid whose programs on one SM share pixel tiles (per-SM queues via %smid) ran at 0.53-1.10x this
-grid's speed on 11 layers (`benchmarks/experiments/2026-11-22-s8-sm-affine-schedule.md`).
+Bound: L2 throughput, with a low L1 hit rate; warps wait on L1TEX loads. Tried and dropped:
+programs of 2-8 channels of similar length (one warp each, stepping together) raised the L1 hit
+rate but made the kernel L1-throughput bound and no faster. Loading a chunk's weights and offsets
+as two vectors instead of CHUNK scalars was never faster. A persistent grid whose programs on one
+SM share pixel tiles (per-SM queues via %smid) was mostly slower than this grid.
 """
 from __future__ import annotations
 
@@ -68,8 +61,8 @@ def _tap_bits(top, pad, size):
 
 # Only N is specialised (its divisibility by 16 makes the gathers 128-bit): Triton would otherwise
 # compile a kernel per combination of the other integers' divisibility and ones (output strides of
-# both layouts, feature-map sizes, stride 1 or 2), which the loop does not use, and tuning a
-# ResNet-50 spent 40 s in first calls, mostly compiling.
+# both layouts, feature-map sizes, stride 1 or 2), which the loop does not use, and tuning would
+# spend much of its time compiling them.
 @triton.jit(do_not_specialize=["K", "PQ", "Q", "row_step", "col_step", "y_stride_n", "y_stride_k", "y_stride_pix",
                                "H", "W", "stride_h", "pad_h", "pad_w"])
 def _direct_batch_kernel(

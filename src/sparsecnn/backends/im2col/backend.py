@@ -91,7 +91,7 @@ IM2COL_CUSPARSE = register_backend(Backend(
     prepare=_csr_arrays,
     bind=_spmm_bind,
     spec_check=_groups_one,
-    # On the H100/H200 it never won a layer (benchmarks/results: 2-4x slower than dense cuDNN), so
+    # On CUDA it never won a layer (several times slower than dense cuDNN), so
     # `auto` tries it on the CPU only; name it in `backends=` to time it on CUDA.
     autotune_devices=("cpu",),
 ))

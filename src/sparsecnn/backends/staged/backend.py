@@ -1,5 +1,5 @@
 """Backend `staged`: direct sparse convolution with each output tile's input staged in shared
-memory and shared by 32-128 output channels (kernels/codegen/staged.py; CUDA C compiled at run
+memory and shared by 32-128 output channels (backends/staged/kernel.py; CUDA C compiled at run
 time per kernel size, stride and config, fp32 on CUDA, batch sizes that are multiples of 32).
 
 The kernel module imports triton (its input transpose), so it is imported on first use only.

@@ -1,6 +1,6 @@
 """Block- and chunk-ordered CSR for kernels that stage a tile of the input in shared memory,
 chunk_c input channels at a time, for a block of `rows_per_block` output channels
-(`kernels/codegen/staged.py`).
+(`backends/staged/kernel.py`).
 
 The kernel consumes the non-zeros of the staged chunk before staging the next one, and stages
 those non-zeros too. So the non-zeros are ordered by block of rows, then chunk, then row, then

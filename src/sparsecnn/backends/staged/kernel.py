@@ -1,9 +1,9 @@
 """Direct sparse convolution with the input tile staged in shared memory (fp32, CUDA C compiled at
 run time for each layer geometry and config; the weights are data, not code).
 
-Why. The Triton "batch" kernel (`kernels/triton/direct_batch.py`) gathers each input from L1/L2
-per multiply-add: its programs of one channel share nothing on chip, and Nsight Compute found it
-L2-bound (L1 hit rate 40%) at ~12 FMAs per clock per SM. Here a block of `warps` warps computes
+Why. The Triton "batch" kernel (`backends/direct/kernel_batch.py`) gathers each input from L1/L2
+per multiply-add: its programs of one channel share nothing on chip, and it is L2-bound with a low
+L1 hit rate. Here a block of `warps` warps computes
 `warps x rows_per_warp` output channels of one output tile (tile_h x tile_w pixels x 32 images)
 and stages the tile's input window in shared memory, chunk_c input channels at a time (cp.async,
 double-buffered, zeros outside the image: padding costs nothing): every staged value is read by
@@ -19,18 +19,17 @@ images of one (c, h, w), 128 contiguous bytes, read by 8 lanes as float4s. Lane 
 pixel groups of a lane differ by compile-time offsets. The output (N, K, P, Q) has any strides;
 batch-innermost outputs are written as float4s.
 
-Non-zeros. `formats.StagedCSRWeight`: per block of rows (output channels, dealt to warps by
+Non-zeros. `backends.staged.format.StagedCSRWeight`: per block of rows (output channels, dealt to warps by
 decreasing non-zero count), per chunk of input channels, one contiguous segment of (weight bits,
 offset into the staged tile) int32 pairs, copied to shared memory with the chunk's input (each
 row's bounds are loaded from global memory a chunk ahead). Per non-zero a warp reads one pair
 (a broadcast 8-byte shared load), then tile_h * tile_w / 4 input vectors, and does 4x as many
 FMAs per lane. With the pairs read from global memory instead (uniform loads, L2 latency on every
-step) the best config per layer ran 1.1-2.0x slower (H100, 19 layers, each commit with its own
-candidate configs: `benchmarks/results/2026-11-23-h100-s13-staged-{7e45c82,b47b328}.jsonl`).
+step) the best config per layer ran slower.
 
-Measured (H100, fp32, N=32, 0.9): 2.6-2.7x cuDNN fp32 on VGG layers of 56x56 and 112x112
-outputs, where Nsight Compute puts it at 82% of the memory-pipe peak (shared-memory bound); on
-14x14 and 7x7 outputs too few blocks fill the GPU and `direct` is faster (see `auto_configs`).
+It is fastest on large outputs (VGG layers of 56x56 and 112x112 outputs, where it is
+shared-memory bound); on 14x14 and 7x7 outputs too few blocks fill the GPU and `direct` is faster
+(see `auto_configs`).
 """
 from __future__ import annotations
 
@@ -80,7 +79,7 @@ class StagedConfig:
     (1..16); warps: warps per block (1, 2, 4, 8). Each thread keeps rows_per_warp x tile_h x
     tile_w accumulators (at most 128). out_layout: the layout of a new output, "nchw" (contiguous)
     or "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N), which the next staged or direct "batch"
-    layer reads without a transpose); not tuned: `nn.layout` sets it."""
+    layer reads without a transpose); not tuned: `tuning.layout` sets it."""
 
     tile_h: int = 2
     tile_w: int = 4
@@ -144,9 +143,9 @@ def candidate_configs(spec: ConvSpec) -> List[StagedConfig]:
     with 8 warps per block, or 4 where the layer gives fewer than two blocks per SM, and the
     largest chunk_c (up to 16) whose two stages let `_WARPS_PER_SM` warps' blocks share an SM.
 
-    On the H100 (DLMC ResNet-50 and VGG layers, N=32, `benchmarks/results/2026-11-23-h100-s13-staged-*`)
-    4 x 4 pixels x 4 channels per warp won most large layers, 2 x 4 x 8 and 2 x 4 x 4 the others;
-    1 x 4 pixels x 16 channels won none, and 2 warps per block lost to 4 on every layer (0.5-0.7x).
+    On DLMC ResNet-50 and VGG layers, 4 x 4 pixels x 4 channels per warp won most large layers,
+    2 x 4 x 8 and 2 x 4 x 4 the others; 1 x 4 pixels x 16 channels won none, and 2 warps per block
+    lost to 4 on every layer.
     """
     configs = []
     for tile_h, tile_w, rows_per_warp in ((4, 4, 4), (2, 4, 8), (2, 8, 4), (2, 4, 4)):
@@ -166,13 +165,11 @@ def candidate_configs(spec: ConvSpec) -> List[StagedConfig]:
 def auto_configs(spec: ConvSpec) -> List[StagedConfig]:
     """The candidates `backend="auto"` tries: all of `candidate_configs` on layers of at least
     28 x 28 output pixels x 32 images, and on layers of 14 x 14 x 32 with a reduction C * R * S of
-    at least 4096; none on the others. On the H100 at N=32 (DLMC ResNet-50 and VGG layers,
-    `benchmarks/results/2026-11-23-h100-s13-staged-b47b328.jsonl`) `staged` beat `direct` on 9 of
-    11 layers with 28x28 to 112x112 outputs, and on 1 of 8 at 14x14 and 7x7: too few blocks to fill
-    the GPU there, except where each staged chunk feeds many non-zeros (vgg-512x14-512: 0.38
-    against 0.44 ms; ResNet-50's 14x14 layers, C * R * S <= 2304, ran at 0.53-0.83x of direct's
-    speed, `...-s14-split-probe-edc7a91.jsonl`). Each candidate costs a compile and a timed run
-    while tuning."""
+    at least 4096; none on the others. On DLMC ResNet-50 and VGG layers `staged` beat `direct` on
+    most layers with 28x28 to 112x112 outputs, and rarely at 14x14 and 7x7: too few blocks to fill
+    the GPU there, except where each staged chunk feeds many non-zeros (vgg-512x14-512 won;
+    ResNet-50's 14x14 layers, C * R * S <= 2304, lost). Each candidate costs a compile and a timed
+    run while tuning."""
     outputs = spec.P * spec.Q * spec.N
     deep = outputs >= _MIN_DEEP_OUTPUTS and spec.C * spec.R * spec.S >= _MIN_DEEP_REDUCTION
     return candidate_configs(spec) if outputs >= _MIN_AUTO_OUTPUTS or deep else []

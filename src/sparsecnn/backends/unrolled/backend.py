@@ -1,13 +1,13 @@
 """Backend `unrolled`: each layer's weights as FMA immediates over batch-innermost activations
-(kernels/codegen/unrolled.py: PTX written per layer and input shape, compiled by ptxas; fp32 CUDA).
+(backends/unrolled/kernel.py: PTX written per layer and input shape, compiled by ptxas; fp32 CUDA).
 
 Each layer and input shape is compiled on its first `bind` (through the codegen disk cache, so a
 layer compiled before costs a file read), or taken from a worker process that `prefetch` set
 compiling while earlier layers were timed (`workers.WorkerPool`, at most
-$SPARSECNN_UNROLLED_WORKERS). A compile takes about 0.1-0.3 ms of ptxas per non-zero (the kernel takes
+$SPARSECNN_UNROLLED_WORKERS). A compile's ptxas time grows with the non-zeros (the kernel takes
 at most `unrolled.max_kernel_fmas()`), so `auto` tries one config per layer (`unrolled.auto_config`)
 and only on outputs of at most 28x28 (`_auto_configs`): larger feature maps were not measured to
-gain (a 56x56 1x1 layer ran 0.92x `direct` "batch"). Runs go through the op
+gain (a 56x56 1x1 layer ran slower than `direct` "batch"). Runs go through the op
 `sparsecnn::unrolled_conv2d`, which takes the compiled kernel by a handle (see core/op_support.py) and fuses
 bias, residual and ReLU. Importing this module touches neither CUDA nor ptxas.
 """
@@ -153,6 +153,6 @@ UNROLLED = register_backend(Backend(
     prefetch=_prefetch,
     pending=_pending,
     batch_inner=lambda config: True,
-    writes_nchw=False,   # a warp holds one pixel's images: NCHW stores scatter (`nn.layout`)
+    writes_nchw=False,   # a warp holds one pixel's images: NCHW stores scatter (`tuning.layout`)
     compile_kernels=_compile_kernels,
 ))

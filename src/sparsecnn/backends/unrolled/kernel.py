@@ -1,22 +1,20 @@
 """Unrolled sparse convolution on batch-innermost activations: one layer's weights as FMA immediates
 (paper 002's idea on the layout of the "batch" kernels), fp32, PTX written here and compiled by
-ptxas at run time per layer and input shape (`unrolled_source.py`).
+ptxas at run time per layer and input shape (`source.py`).
 
-Why. The Triton "batch" kernel (`kernels/triton/direct_batch.py`) loads one input per non-zero and
-image: L2-bound at ~12 FMAs per clock per SM on ResNet-50's 14x14 and 7x7 layers; `staged` reads
+Why. The Triton "batch" kernel (`backends/direct/kernel_batch.py`) loads one input per non-zero and
+image: L2-bound on ResNet-50's 14x14 and 7x7 layers; `staged` reads
 one shared-memory value per non-zero and image. Here a thread keeps `bk` output channels'
 accumulators and, per input column (c, r, s) of its group, loads its input once and applies every
 non-zero of that column in the group: at 90% sparsity and bk = 32 about 3 FMAs per load, and no
 index or weight is loaded (they are code). The price is code: one FMA instruction per non-zero,
-compiled per layer (ptxas: about 0.1-0.3 ms per non-zero, so 1-30 s for ResNet-50's layers; cached
-on disk). A layer over PART_FMAS non-zeros (only under a limit raised by $SPARSECNN_UNROLLED_MAX_NNZ)
-compiles as several modules at once (ptxas time grows faster than the code), run on concurrent
-streams.
+compiled per layer (ptxas time grows with the non-zeros; cached on disk). A layer over PART_FMAS
+non-zeros (only under a limit raised by $SPARSECNN_UNROLLED_MAX_NNZ) compiles as several modules at
+once (ptxas time grows faster than the code), run on concurrent streams.
 
-Measured (H100, ResNet-50 DLMC 0.9, N=32, fp32, batch-innermost input and output, over `direct`
-"batch" in the same run, `benchmarks/results/2026-11-23-h100-s16-unrolled-probe-d3c6c32.jsonl`):
-1.3-2.4x on the 28x28, 14x14 and 7x7 layers but two (1.03x on layer3.1.conv3, whose 1x1
-expansion is bound by its output and residual traffic), 0.92x on a 56x56 1x1 layer.
+Against `direct` "batch" (ResNet-50, fp32, batch-innermost input and output): faster on most
+28x28, 14x14 and 7x7 layers (not on 1x1 expansions bound by their output and residual traffic),
+slower on a 56x56 1x1 layer.
 
 Layout. Input (N, C, H, W) read batch-innermost as (C, H + 2 ph, W + 2 pw, N) (a batch-innermost
 input without padding in place, anything else packed first); output (N, K, P, Q) at any strides
@@ -49,17 +47,15 @@ from sparsecnn.core.spec import ConvSpec
 from sparsecnn.core.toolchain import DiskCache
 
 _MAX_GRID_Y = 65535
-# Non-zeros per layer: bounds compile time and code size. ptxas takes ~0.1 ms per non-zero (2.7 s
-# for 26k, 8.8 s for 59k, 18 s for 105k on the 2-core build machine; 2x that with 16 compiles
-# sharing the H100 machine's 16 cores). With 120k, ResNet-50 (DLMC 0.9) compiled 37 layers in 492 s
-# of worker time and tuned in 99 s from empty caches (target 60 s); its 5 layers over 60k saved
-# about 0.1 ms of the model's 3.9.
+# Non-zeros per layer: bounds compile time and code size (ptxas time grows with the non-zeros).
+# A higher limit lengthens tuning from empty caches for little gain: the few larger layers save
+# little of the model's time.
 MAX_KERNEL_FMAS = settings.UNROLLED_MAX_NNZ_DEFAULT  # 60_000
 # Non-zeros per compiled module (`layer_modules`): ptxas time grows faster than the module, so a layer
 # over the limit raised by $SPARSECNN_UNROLLED_MAX_NNZ compiles as several modules at once, launched on
 # concurrent streams (`_concurrent_streams`). Layers under the default limit stay one module: split
-# at 32k, ResNet-50 tuned from empty caches in 45.4 and 54.9 s against 53.5 s unsplit (no gain), and
-# each split layer costs a launch and a stream fork (`benchmarks/results/...-s17-unrolled-modules-*`).
+# smaller, tuning from empty caches was no faster, and each split layer costs a launch and a
+# stream fork.
 PART_FMAS = MAX_KERNEL_FMAS
 _COMPILE_THREADS = 4   # ptxas processes per layer at once (layers compile in parallel workers too)
 OUT_LAYOUTS = ("nchw", "batch_inner")
@@ -71,7 +67,7 @@ MIN_THREADS_PER_COLUMN = 85   # `auto_config`: threads per input column (C*R*S) 
 class UnrolledConfig:
     """bk: output channels per thread (1..128: its accumulators); threads: threads per block (a
     multiple of 32, at most 1024); out_layout: the layout of a new output, "nchw" (contiguous) or
-    "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N)); not tuned: `nn.layout` sets it."""
+    "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N)); not tuned: `tuning.layout` sets it."""
 
     bk: int = 32
     threads: int = 128
@@ -135,12 +131,12 @@ def auto_config(spec: ConvSpec) -> UnrolledConfig:
     """One config per layer, as each costs a compile: the largest bk of BK_CHOICES that leaves at
     least MIN_THREADS_PER_COLUMN threads per input column (C*R*S) a group walks through, 128 threads
     per block. More channels per thread mean fewer loads per FMA, but fewer threads, each walking
-    all the columns. On the H100 probe (`...-s16-unrolled-probe-d3c6c32.jsonl`, 13 ResNet-50 layers)
-    this rule picks the fastest of bk 8, 16, 32 on 10 layers and one within 8% of it on 3.
+    all the columns. On ResNet-50's layers this rule picks the fastest of bk 8, 16, 32, or one
+    close to it.
     Batch-innermost output: a warp holds 32 positions of one pixel, so an NCHW store scatters them
-    K*P*Q apart; tuned layers of "batch" backends write batch-innermost (`nn.layout`), so their
-    candidates are timed that way (ResNet-50 with NCHW-writing candidates: no layer2 layer chose
-    unrolled, 2.43x over dense eager; batch-innermost: see the README)."""
+    K*P*Q apart; tuned layers of "batch" backends write batch-innermost (`tuning.layout`), so their
+    candidates are timed that way (with NCHW-writing candidates no ResNet-50 layer2 layer chose
+    unrolled)."""
     threads = spec.P * spec.Q * spec.N
     bk = next((bk for bk in BK_CHOICES
                if threads * -(-spec.K // bk) >= MIN_THREADS_PER_COLUMN * spec.C * spec.R * spec.S), BK_CHOICES[-1])
@@ -186,8 +182,8 @@ def _generator_digest() -> str:
 
 def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig) -> str:
     """A kernel's cache key: the weight's bytes, the layer without its name, the tiling, the generator's
-    digest and the toolchain. Writing the PTX takes 0.05-0.3 s per layer, which loading an artefact
-    of 30 such layers paid (5-7 s) when the key was the PTX itself."""
+    digest and the toolchain, not the PTX itself: writing the PTX is slow enough that loading an
+    artefact would pay it for every layer."""
     layer = dataclasses.replace(spec, name="")
     return toolchain.cache_key("unrolled", weight.numpy().tobytes(), tuple(weight.shape), repr(layer), config.bk,
                                config.threads, _generator_digest(), toolchain.toolchain_id())

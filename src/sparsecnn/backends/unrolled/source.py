@@ -1,4 +1,4 @@
-"""PTX of the unrolled batch-innermost kernel (`unrolled.py`): one layer's weights as immediates.
+"""PTX of the unrolled batch-innermost kernel (`kernel.py`): one layer's weights as immediates.
 
 One thread owns one (output pixel, image) position and the output channels of one group (at
 most `bk`); a block of `threads` threads owns consecutive positions in batch-innermost order
@@ -8,11 +8,10 @@ channels, in (c, r, s) order: one load of the thread's input, then one FMA per n
 weight as an immediate. A loaded input feeds every non-zero of its column in the group (at 90% sparsity and
 bk = 32 about 3 FMAs per load, against one for the Triton "batch" kernel), and no index or weight
 is loaded. The input is read zero-padded ((C, H + 2 ph, W + 2 pw, N), packed by the launcher), so
-no load is predicated: with a predicate per tap, ptxas took 4-5x longer (42 against 9 s on a 3x3
-layer of 59k non-zeros).
+no load is predicated: with a predicate per tap, ptxas took several times longer.
 
-Why PTX and not CUDA C: nvcc's front end took 11 s on a layer of 26k non-zeros and 95 s on one
-of 105k (ptxas 3 s and 22 s); the PTX is written here in well under a second. Every value is a
+Why PTX and not CUDA C: nvcc's front end takes several times longer than ptxas on large layers;
+the PTX is written here far faster. Every value is a
 virtual register, so the text is what Algorithm 2 of paper 002 would leave after deleting the
 zero FMAs.
 
@@ -24,8 +23,7 @@ run of consecutive groups (`split_groups`), compiled at once and launched one af
 Epilogue per channel: act(acc + bias + residual), stored at the output's strides (batch-innermost
 or NCHW, the residual at the same strides); `flags` (bit 0 ReLU, 1 bias, 2 residual) chooses per
 launch, so one compile serves every epilogue and layout. Two images per thread (64-bit loads,
-twice the accumulators) was never the fastest config of a layer and compiled 5-15x longer
-(`benchmarks/results/2026-11-23-h100-s16-unrolled-probe-691880e.jsonl`).
+twice the accumulators) was never the fastest config of a layer and compiled much longer.
 Kernel parameters: (u64 x, u64 bias, u64 res, u64 y, u32 flags, u32 sn, sk, sp, sq), the strides
 in elements of the (N, K, P, Q) output.
 """
@@ -96,8 +94,8 @@ def f32_hex(value: float) -> str:
 def split_groups(weight: np.ndarray, groups: Sequence[Sequence[int]], max_fmas: int) -> List[List[List[int]]]:
     """`groups` cut into consecutive runs of at most `max_fmas` non-zeros of `weight` (K, C, R, S)
     each (a group alone over it makes a run of its own): one compiled module per run. ptxas time
-    grows faster than the code: a layer of 118k non-zeros took 32.4 s as one module and 4.1-4.2 s
-    for each of 4 modules (16.7 s in all, and the 4 run at once)."""
+    grows faster than the code: a large layer compiles faster in total as several modules than as
+    one, and the modules compile at once."""
     counts = np.count_nonzero(weight.reshape(weight.shape[0], -1), axis=1)
     runs: List[List[List[int]]] = []
     total = 0
