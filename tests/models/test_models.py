@@ -140,7 +140,7 @@ def test_skeleton_has_the_models_structure(name):
 
 def test_skeleton_builds_and_simplifies_without_importing_dynamo_or_sympy():
     # Meta-device ops import torch._dynamo, torch's ShapeProp imports sympy: seconds of every artefact load.
-    code = ("import sys, torch\nfrom sparsecnn.models import build_skeleton\nfrom sparsecnn.nn import "
+    code = ("import sys, torch\nfrom sparsecnn.models import build_skeleton\nfrom sparsecnn.passes import "
             "prepare_for_inference\nprepare_for_inference(build_skeleton('resnet18'), example_inputs=torch.zeros(1, 3, "
             "32, 32))\nassert not {'torch._dynamo', 'sympy'} & set(sys.modules), 'imported torch._dynamo or sympy'")
     result = run_python(code)
