@@ -36,6 +36,8 @@ from sparsecnn.tuning import (
 from sparsecnn.tuning.cache import CachedDecision
 from sparsecnn.tuning.precision import uses_tf32
 from sparsecnn.tuning.select import EagerTimer, pending_candidates
+from sparsecnn.tuning import sparsify as sparsify_module
+from sparsecnn.tuning.precision import resolve_policy
 from sparsecnn.tuning.sparsify import autotune_model
 from sparsecnn.tuning.timing import eager_wall_ms
 from sparsecnn.tuning.tuner import finish_deferred
@@ -63,9 +65,11 @@ class FakeTimer:
         return self.probe_ms.get(candidate.backend, 1.0)
 
     def measure(self, candidate, fn):
+        """The scripted ms; the model as given is slow unless scripted ("model:given")."""
         self.measured.append(candidate.backend)
         fn()
-        return self.measure_ms.get(candidate.backend, self.probe_ms.get(candidate.backend, 1.0))
+        default = 100.0 if candidate.backend == "model:given" else 1.0
+        return self.measure_ms.get(candidate.backend, self.probe_ms.get(candidate.backend, default))
 
 
 def _layer(c=8, k=16, size=9, sparsity=0.8, batch=2):
@@ -669,3 +673,92 @@ def test_tf32_and_fp16_policies_on_cuda(tmp_path, dtype, limit):
     assert torch.backends.cudnn.allow_tf32 == saved  # tuning leaves the global flags as they were
     assert report.policy == dtype and report.max_rel_error < limit and not math.isnan(report.total_ms)
     assert model[0].weight.dtype == POLICIES[dtype].dtype
+
+
+@pytest.mark.parametrize("given_ms, kept", [(2.0, "given"), (3.5, "tuned")])
+def test_the_model_as_given_is_put_back_when_faster(tmp_path, monkeypatch, given_ms, kept):
+    monkeypatch.setattr(sparsify_module, "GIVEN_CHECK_DEVICES", ("cuda", "cpu"))
+    model, x = _model(), torch.randn(2, 3, 12, 12)
+    ref, given_types = model(x), [type(module) for module in model]
+    timer = FakeTimer(measure_ms={"dense": 2.0, "im2col-cublas": 1.0, "im2col-cusparse": 3.0, "model:given": given_ms,
+                                  "model:tuned": 3.0, "model:dense": 4.0, "model:switch 0": 10.0,
+                                  "model:switch 2": 10.0})
+    report = autotune_model(model, x, cache_dir=tmp_path, timer=timer, progress=False)
+    check = report.model_check
+    assert timer.measured[0] == "model:given" and check.given_ms == given_ms and check.kept == kept
+    assert ([type(module) for module in model] == given_types) == (kept == "given")
+    assert check.speedup_over_given == pytest.approx(1.0 if kept == "given" else given_ms / 3.0)
+    assert relative_error(model(x), ref) < 1e-6
+    assert ("kept as given" if kept == "given" else "faster than the model as given") in report.format()
+
+
+def test_the_model_as_given_is_not_timed_on_the_cpu_by_default(tmp_path):
+    timer = FakeTimer()
+    report = autotune_model(_model(), torch.randn(2, 3, 12, 12), cache_dir=tmp_path, timer=timer, progress=False)
+    assert "model:given" not in timer.measured and report.model_check.given_ms is None
+
+
+@pytest.mark.parametrize("allow_tf32, device_type, expected", [(True, "cuda", "fp32-default"), (False, "cuda", "fp32"),
+                                                             (True, "cpu", "fp32")])
+def test_dtype_none_follows_pytorchs_tf32_flag_on_cuda(monkeypatch, allow_tf32, device_type, expected):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", allow_tf32)
+    policy = resolve_policy(None, torch.float32, device_type)
+    assert policy.name == expected and policy.dense_tf32 == (expected == "fp32-default") and not policy.allow_tf32
+    assert resolve_policy("fp32", torch.float32, "cuda").dense_tf32 is False
+
+
+def test_the_policy_sets_the_tf32_flags_while_tuning(tmp_path, monkeypatch):
+    monkeypatch.setattr(sparsify_module, "resolve_policy", lambda dtype, model_dtype, device_type: POLICIES["fp32-default"])
+    seen = []
+
+    class FlagTimer(FakeTimer):
+        def measure(self, candidate, fn):
+            seen.append(torch.backends.cudnn.allow_tf32)
+            return super().measure(candidate, fn)
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    report = autotune_model(_model(), torch.randn(2, 3, 12, 12), cache_dir=tmp_path, timer=FlagTimer(), progress=False)
+    assert seen and all(seen) and torch.backends.cudnn.allow_tf32 is False
+    assert report.policy == "fp32-default" and "dense convs in TF32" in report.format()
+
+
+@pytest.mark.parametrize("input_dtype", [torch.float32, torch.bfloat16])
+def test_example_inputs_may_come_in_the_models_dtype_or_the_target_dtype(tmp_path, input_dtype):
+    model = _model()  # fp32, tuned for bf16 (fp16 convs do not run on the CPU)
+    x = torch.randn(2, 3, 12, 12).to(input_dtype)
+    report = autotune_model(model, x, dtype="bf16", cache_dir=tmp_path, timer=FakeTimer(), progress=False)
+    assert report.policy == "bf16" and next(model.parameters()).dtype == torch.bfloat16
+    assert model(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_a_sparsified_cuda_model_replays_cuda_graphs_for_plain_calls(tmp_path, dtype):
+    from sparsecnn.nn.graphed import cuda_graph_forward
+
+    model = _model().cuda()
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double()(x.double())
+    sparsify_(model, x.half() if dtype == "fp16" else x, dtype=dtype, cache_dir=tmp_path, progress=False)
+    wrapper = cuda_graph_forward(model)
+    assert wrapper is not None and not any(p.requires_grad for p in model.parameters())
+    x_run = x.to(POLICIES[dtype].dtype)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # dtype "fp32": exact, as asked
+        first, second = model(x_run), model(x_run)
+        eager = wrapper.original_forward(x_run)
+        assert wrapper.counts.get("capture") == 1 and wrapper.counts.get("replay", 0) >= 1
+        assert first.data_ptr() != second.data_ptr() and torch.equal(first, second)
+        assert relative_error(second, eager) < (1e-6 if dtype == "fp32" else 1e-3)
+        assert relative_error(second, ref) < (1e-5 if dtype == "fp32" else 5e-3)
+        model(torch.randn(4, 3, 32, 32, device="cuda", dtype=x_run.dtype))  # a new shape: a new graph
+        assert wrapper.counts.get("capture") == 2
+    plain = sparsify_(_model().cuda(), x, backend="dense", cuda_graphs=False)
+    assert cuda_graph_forward(plain) is None and all(p.requires_grad for p in plain.parameters())
+
+
+def test_cuda_graphs_are_not_installed_on_the_cpu(tmp_path):
+    from sparsecnn.nn.graphed import cuda_graph_forward
+
+    model = sparsify_(_model(), torch.randn(2, 3, 12, 12), backend="dense")
+    assert cuda_graph_forward(model) is None and all(p.requires_grad for p in model.parameters())

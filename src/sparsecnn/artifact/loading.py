@@ -24,6 +24,7 @@ from sparsecnn.artifact.tensors import read_tensors
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.models import build_skeleton
 from sparsecnn.nn import SparseConv2d, SplitKLinear
+from sparsecnn.nn.graphed import enable_cuda_graphs
 from sparsecnn.passes.fuse import prepare_for_inference
 from sparsecnn.tuning import (
     LayerResult,
@@ -136,7 +137,7 @@ def _restore(gm: fx.GraphModule, manifest: dict, tensors: Dict[str, torch.Tensor
 
 
 def load(out_dir, device=None, *, prepare: bool = True, cache_dir=None, progress: Optional[bool] = None,
-         timer: Optional[Timer] = None) -> fx.GraphModule:
+         timer: Optional[Timer] = None, cuda_graphs: bool = True) -> fx.GraphModule:
     """The model compiled into the artefact `out_dir` (`compile_model`), in eval mode on `device`.
 
     device: default where it was tuned when that device type exists here, else the CPU. Every file
@@ -148,7 +149,8 @@ def load(out_dir, device=None, *, prepare: bool = True, cache_dir=None, progress
     otherwise nothing is timed. prepare: bind every tuned layer for its recorded input shape now,
     so the first forward does no setup. The model's `sparsecnn_report` holds the decisions (cache
     column "artefact" when taken from it) and `sparsecnn_retuned` the reason it re-tuned, or None;
-    `sparsecnn_load_phases` says where the time went (`tuning.PhaseClock.seconds`).
+    `sparsecnn_load_phases` says where the time went (`tuning.PhaseClock.seconds`). cuda_graphs: on
+    CUDA, plain calls replay CUDA graphs and parameters are frozen, as `sparsify_` leaves a model.
     """
     clock = PhaseClock()
     with clock.phase("total"):
@@ -157,6 +159,9 @@ def load(out_dir, device=None, *, prepare: bool = True, cache_dir=None, progress
             with clock.phase("re-tuning"):
                 _retune(gm, manifest, device, Path(out_dir), cache_dir, progress, timer)
     gm.sparsecnn_load_phases = clock.seconds
+    if cuda_graphs and device.type == "cuda":
+        gm.requires_grad_(False)
+        enable_cuda_graphs(gm)
     return gm
 
 

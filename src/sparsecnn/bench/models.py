@@ -135,7 +135,7 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     "tune_workers": the worker jobs' times (`TuneReport.worker_jobs`), "layout_ms": the whole-model
     times with NCHW and batch-innermost outputs between "batch" layers (`TuneReport.layout_ms`),
     "linears": the split-K choice of each timed linear (`TuneReport.linears`: path -> {"splits", "ms",
-    "dense_ms"}); `_variant` adds "backends", the sparse backends tuning was limited to (null: all)}."""
+    "dense_ms"}); "policy": the precision policy tuned for; `_variant` adds "backends", the sparse backends tuning was limited to (null: all)}."""
     report = getattr(model, "sparsecnn_report", None)
     timed = {} if report is None else {layer.name: layer for layer in report.layers}
     layers = {}
@@ -150,7 +150,8 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
     workers = {} if report is None else report.worker_jobs
     layout_ms = {} if report is None else report.layout_ms
     linears = {} if report is None else report.linears
-    return {"layers": layers, "tune_s": round(tune_s, 3), "model_check": check, "tune_phases_s": phases,
+    return {"layers": layers, "tune_s": round(tune_s, 3), "policy": None if report is None else report.policy,
+            "model_check": check, "tune_phases_s": phases,
             "tune_workers": workers, "layout_ms": layout_ms, "linears": linears,
             "conv_ms": sum(layer.time_ms for layer in timed.values()) if timed else None,
             "dense_conv_ms": sum(layer.dense_ms for layer in timed.values()) if timed else None}
@@ -222,7 +223,8 @@ def _variant(model: nn.Module, x: torch.Tensor, dtype: str, backend: str, backen
              run_mode: str = "graph") -> Tuple[nn.Module, torch.Tensor, Optional[dict]]:
     """(copy of `model` to run, its input, the row's config) for backend "cudnn" (the masked model in
     dtype) or a sparse backend (`prepare_for_inference`, then `sparsify_` at the dtype's precision
-    policy; config: see `_sparse_choices`). Both get the same input: x in dtype, channels_last for
+    policy, or for "tf32" at PyTorch's defaults: `dtype=None` with TF32 convs on, which tunes an fp32
+    model under "fp32-default"; config: see `_sparse_choices`). Both get the same input: x in dtype, channels_last for
     fp16/bf16 (where cuDNN runs NHWC), else NCHW."""
     stored = torch_dtype(dtype)
     layout = torch.channels_last if stored in (torch.float16, torch.bfloat16) else torch.contiguous_format
@@ -231,9 +233,9 @@ def _variant(model: nn.Module, x: torch.Tensor, dtype: str, backend: str, backen
         return dense, x.to(dtype=stored, memory_format=layout), None
     sparse = prepare_for_inference(copy.deepcopy(model))
     start = time.perf_counter()
-    with precision(dtype):
-        sparsify_(sparse, x.contiguous(memory_format=layout), backend=backend, dtype=dtype, backends=backends,
-                  progress=False, run_mode=run_mode)
+    with precision(dtype):  # "tf32": PyTorch's defaults, tuned as a user of them would (dtype=None)
+        sparsify_(sparse, x.contiguous(memory_format=layout), backend=backend, dtype=None if dtype == "tf32" else dtype,
+                  backends=backends, progress=False, run_mode=run_mode)
     return sparse, x.to(dtype=stored, memory_format=layout), {
         **_sparse_choices(sparse, time.perf_counter() - start), "backends": backends, "run_mode": run_mode}
 

@@ -11,6 +11,7 @@ model beat the tuned one, yet some of its layers' sparse kernels still win).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -65,6 +66,18 @@ def check_against_dense(run: Callable[[], object], tuned: Dict[str, SparseConv2d
                      "run_mode='eager' (GPU work %.4g ms against %.4g ms)", tuned_eager_ms, dense, dense_eager_ms,
                      tuned_ms, dense_ms)
     return check
+
+
+def check_against_given(check: ModelCheck, given_ms: float, restore: Callable[[], None]) -> ModelCheck:
+    """`check` with the model as given to tuning (`given_ms`, timed before any change with the same
+    timer, dtype and flags) compared: when it was faster than the model as kept, `restore()` puts
+    it back and the check says kept "given", so tuning never makes a model slower than it came."""
+    if given_ms < check.best_ms:
+        _LOG.warning("the model as given took %.4g ms, as tuned %.4g ms: it is put back as given", given_ms,
+                     check.best_ms)
+        restore()
+        return dataclasses.replace(check, given_ms=given_ms, kept="given")
+    return dataclasses.replace(check, given_ms=given_ms)
 
 
 def _isolated_gain(result: LayerResult, dense: str) -> float:

@@ -1,7 +1,9 @@
 """Precision policies: the dtype a tuned model runs in and whether TF32 may round fp32 products.
 
-Tuning and the final accuracy check run with the global TF32 flags off (`tf32_flags(False)`), so
-that `dense`, `im2col-cublas` and every other candidate compute exactly what their dtype says; a
+Tuning and the final accuracy check run with the global TF32 flags as the policy says
+(`tf32_flags(policy.dense_tf32)`): off for exact policies, so that `dense`, `im2col-cublas` and every
+other candidate compute exactly what their dtype says, on for "fp32-default" (PyTorch's defaults,
+the policy of `dtype=None` for an fp32 model while `torch.backends.cudnn.allow_tf32` is on); a
 TF32 candidate (backend `dense-tf32`, or a config whose `precision` field is "tf32") turns TF32 on
 for its own kernel only, and is offered only under the "tf32" policy. The "fp32" policy admits
 fp32-level products only: FMA units, or 3xTF32 on tensor cores (a `precision` of "tf32x3": three
@@ -23,27 +25,39 @@ _PRECISION_FIELD = "precision"  # configs with this field ("ieee" / "tf32x3" / "
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionPolicy:
-    """name: "fp32" (exact), "tf32", "fp16", "bf16" or "fp64"; dtype: what weights and activations
-    are stored in; allow_tf32: whether fp32 candidates that round products to TF32 are offered."""
+    """name: "fp32" (exact), "fp32-default", "tf32", "fp16", "bf16" or "fp64"; dtype: what weights
+    and activations are stored in; allow_tf32: whether fp32 candidates that round products to TF32
+    are offered; dense_tf32: whether tuning, the checks and inference run with PyTorch's TF32 flags
+    on, so that dense cuDNN/cuBLAS layers round products to TF32 (as PyTorch runs fp32 convolutions
+    by default) while the sparse kernels stay exact; describe: one line for reports."""
 
     name: str
     dtype: torch.dtype
     allow_tf32: bool
+    dense_tf32: bool = False
+    describe: str = ""
 
 
 POLICIES = {
-    "fp32": PrecisionPolicy("fp32", torch.float32, False),
-    "tf32": PrecisionPolicy("tf32", torch.float32, True),
-    "fp16": PrecisionPolicy("fp16", torch.float16, False),
-    "bf16": PrecisionPolicy("bf16", torch.bfloat16, False),
-    "fp64": PrecisionPolicy("fp64", torch.float64, False),
+    "fp32": PrecisionPolicy("fp32", torch.float32, False, describe="fp32, exact everywhere (TF32 off)"),
+    "tf32": PrecisionPolicy("tf32", torch.float32, True, describe="fp32 storage, TF32 products allowed in any kernel"),
+    "fp16": PrecisionPolicy("fp16", torch.float16, False, describe="fp16"),
+    "bf16": PrecisionPolicy("bf16", torch.bfloat16, False, describe="bf16"),
+    "fp64": PrecisionPolicy("fp64", torch.float64, False, describe="fp64"),
+    "fp32-default": PrecisionPolicy("fp32-default", torch.float32, False, dense_tf32=True,
+                                    describe="fp32 at PyTorch's defaults: dense convs in TF32, sparse kernels exact"),
 }
-_BY_DTYPE = {policy.dtype: policy for policy in POLICIES.values() if policy.name != "tf32"}
+_BY_DTYPE = {policy.dtype: policy for policy in POLICIES.values() if policy.name not in ("tf32", "fp32-default")}
 
 
-def resolve_policy(dtype: Optional[str], model_dtype: torch.dtype) -> PrecisionPolicy:
-    """The policy named by `dtype`, or for None the exact policy of the model's parameter dtype."""
+def resolve_policy(dtype: Optional[str], model_dtype: torch.dtype, device_type: str = "cpu") -> PrecisionPolicy:
+    """The policy named by `dtype`; for None, the one PyTorch's flags give the model's parameter
+    dtype on `device_type`: an fp32 model on CUDA with `torch.backends.cudnn.allow_tf32` on
+    (PyTorch's default) gets "fp32-default" (dense convs in TF32, sparse kernels exact), else the
+    exact policy of its dtype (TF32 does not exist on the CPU)."""
     if dtype is None:
+        if model_dtype == torch.float32 and device_type == "cuda" and torch.backends.cudnn.allow_tf32:
+            return POLICIES["fp32-default"]
         if model_dtype not in _BY_DTYPE:
             raise ValueError(f"the model's parameters are {model_dtype}: pass dtype= one of {', '.join(POLICIES)}")
         return _BY_DTYPE[model_dtype]

@@ -51,7 +51,8 @@ def format_worker_jobs(worker_jobs: Dict[str, Dict[str, float]]) -> List[str]:
 @dataclasses.dataclass
 class ModelCheck:
     """The whole model timed twice after tuning (median ms, GPU work only on CUDA): with the tuned
-    layers and with every tuned layer on `dense_backend`; `kept`: "tuned" or "dense", the faster.
+    layers and with every tuned layer on `dense_backend`; `kept`: "tuned" or "dense", the faster, or
+    "given" when the model as given to tuning (`given_ms`, timed first) beat both and was put back.
     Then `switched`: the layers moved, one at a time, from the kept form to their other one (dense
     for a kept tuned model, the tuned choice for a kept dense one) because the whole model got
     faster, to `final_ms` (`tuning.model_check`). On CUDA also in eager mode (`tuned_eager_ms`,
@@ -66,6 +67,19 @@ class ModelCheck:
     dense_eager_ms: Optional[float] = None
     switched: List[str] = dataclasses.field(default_factory=list)
     final_ms: Optional[float] = None
+    given_ms: Optional[float] = None
+
+    @property
+    def best_ms(self) -> float:
+        """The model's time as kept after the tuned / dense comparison and the switches."""
+        return self.final_ms if self.final_ms is not None else min(self.tuned_ms, self.dense_ms)
+
+    @property
+    def speedup_over_given(self) -> Optional[float]:
+        """The model as given / as kept: >= 1 (slower results put the model back as given)."""
+        if self.given_ms is None:
+            return None
+        return self.given_ms / (self.given_ms if self.kept == "given" else self.best_ms)
 
     @property
     def slower_in_eager(self) -> bool:
@@ -85,6 +99,10 @@ class ModelCheck:
             text += f"; eager calls {self.tuned_eager_ms:.4f} ms tuned, {self.dense_eager_ms:.4f} ms dense"
         if self.slower_in_eager:
             text += " (slower in eager mode: run the model under CUDA graphs or torch.compile)"
+        if self.kept == "given":
+            text += f"; the model as given took {self.given_ms:.4f} ms, faster: it is kept as given"
+        elif self.given_ms is not None:
+            text += f"; {self.speedup_over_given:.2f}x faster than the model as given ({self.given_ms:.4f} ms)"
         return text
 
 
@@ -117,6 +135,7 @@ class TuneReport:
     layout_ms: Dict[str, float] = dataclasses.field(default_factory=dict)
     run_mode: str = "graph"
     linears: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+    policy_describe: str = ""
 
     @property
     def total_ms(self) -> float:
@@ -141,6 +160,8 @@ class TuneReport:
         speedup = self.dense_total_ms / self.total_ms if self.total_ms > 0 else float("nan")
         lines.append(f"\nconvolutions ({self.policy}, {self.run_mode} times): {self.total_ms:.4f} ms tuned, "
                      f"{self.dense_total_ms:.4f} ms dense, {speedup:.2f}x")
+        if self.policy_describe:
+            lines.append(f"precision policy {self.policy}: {self.policy_describe}")
         if self.linears:
             lines.append("linears (split-K GEMMs, speedup over F.linear): " + ", ".join(
                 f"{name} splits={entry['splits']} {entry['dense_ms'] / entry['ms']:.2f}x"

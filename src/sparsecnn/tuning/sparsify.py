@@ -21,9 +21,12 @@ from tqdm.auto import tqdm
 from sparsecnn.backends import get_backend
 from sparsecnn.core.reference import relative_error
 from sparsecnn.core.workers import job_times, reset_job_times
+from sparsecnn.nn.graphed import enable_cuda_graphs
+from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
 from sparsecnn.tuning import (
     DEFAULT_DROP_RATIO,
+    Candidate,
     EagerTimer,
     MeasuringTimer,
     PhaseClock,
@@ -44,7 +47,7 @@ from sparsecnn.tuning.layout import (
     set_tuning_layout,
 )
 from sparsecnn.tuning.linears import tune_linears
-from sparsecnn.tuning.model_check import check_against_dense
+from sparsecnn.tuning.model_check import check_against_dense, check_against_given
 from sparsecnn.tuning.select import pending_candidates, prefetch_candidates
 from sparsecnn.tuning.tuner import finish_deferred
 
@@ -121,7 +124,8 @@ def _max_rel_error(output, reference) -> Optional[float]:
 def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
               filter_fn: Optional[FilterFn] = None, masks: Optional[Dict[str, torch.Tensor]] = None,
               backends: Optional[List[str]] = None, dtype: Optional[str] = None, cache_dir=None,
-              retune: bool = False, progress: Optional[bool] = None, run_mode: str = "graph") -> nn.Module:
+              retune: bool = False, progress: Optional[bool] = None, run_mode: str = "graph",
+              cuda_graphs: bool = True) -> nn.Module:
     """Run every Conv1d/Conv2d of `model` (selected by `filter_fn(name, module)`) as `SparseConv2d`.
 
     backend: a registered backend name for every layer, or "auto" to tune each layer on its real
@@ -131,8 +135,11 @@ def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
     masks: module name -> bool mask (default: a `weight_mask` from torch.nn.utils.prune, else the
     weight's non-zeros; an existing SparseConv2d keeps its mask). dtype: None (the model's own
     precision, exact) or "fp32" (exact, no TF32), "tf32", "fp16", "bf16", "fp64"; the model is
-    converted to that dtype. cache_dir, retune, progress, run_mode: see `autotune_model`. Returns
-    `model`, modified in place.
+    converted to that dtype. cache_dir, retune, progress, run_mode: see `autotune_model`.
+    cuda_graphs: on CUDA, plain calls `model(x)` replay a CUDA graph captured once per input
+    signature (`nn.graphed.enable_cuda_graphs`; eager under torch.compile, autograd, training, or
+    where capture fails), and the model's parameters stop requiring grad (an inference model);
+    False leaves both as they were. Returns `model`, modified in place.
     """
     if backend == "auto":
         if example_inputs is None:
@@ -140,7 +147,7 @@ def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
         model.sparsecnn_report = autotune_model(model, example_inputs, filter_fn=filter_fn, masks=masks,
                                                 backends=backends, dtype=dtype, cache_dir=cache_dir,
                                                 retune=retune, progress=progress, run_mode=run_mode)
-        return model
+        return _graphed(model, cuda_graphs)
     get_backend(backend)
     inputs = _as_tuple(example_inputs) if example_inputs is not None else ()
     model.to(resolve_policy(dtype, _parameter_dtype(model, inputs)).dtype)
@@ -150,6 +157,14 @@ def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
             layer.set_backend(backend, None)
         else:
             _replace(model, name, layer)
+    return _graphed(model, cuda_graphs)
+
+
+def _graphed(model: nn.Module, cuda_graphs: bool) -> nn.Module:
+    """`model` replaying CUDA graphs for plain calls, its parameters frozen, if `cuda_graphs` and on CUDA."""
+    if cuda_graphs and any(tensor.is_cuda for tensor in [*model.parameters(), *model.buffers()]):
+        model.requires_grad_(False)
+        enable_cuda_graphs(model)
     return model
 
 
@@ -180,19 +195,27 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     if run_mode not in RUN_MODES:
         raise ValueError(f"run_mode must be one of {RUN_MODES}, got {run_mode!r}")
     inputs = _as_tuple(example_inputs)
-    policy = resolve_policy(dtype, _parameter_dtype(model, inputs))
+    model_dtype = _parameter_dtype(model, inputs)
     device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    policy = resolve_policy(dtype, model_dtype, device.type)
     cache = TuneCache(cache_dir, environment_fingerprint(device))
     timer = timer or (EagerTimer(device) if run_mode == "eager" else MeasuringTimer(device))
     show = sys.stderr.isatty() if progress is None else progress
     clock = PhaseClock()
     reset_job_times()
+
+    def run():
+        return model(*_cast(inputs, policy.dtype))
+
     with clock.phase("total"):
-        with torch.no_grad(), tf32_flags(False):
-            originals = dict(_selected(model, filter_fn))
-            with clock.phase("reference pass"):
-                reference, input_shapes = _run_recording_input_shapes(model, inputs, originals)
-            model.to(policy.dtype)
+        originals = dict(_selected(model, filter_fn))
+        with torch.no_grad(), tf32_flags(False), clock.phase("reference pass"):
+            reference, input_shapes = _run_recording_input_shapes(model, _cast(inputs, model_dtype), originals)
+        model.to(policy.dtype)
+        with torch.no_grad(), tf32_flags(policy.dense_tf32):
+            with clock.phase("model as given"):
+                given = _GivenModel(model, originals, timer.measure(Candidate("model:given"), run)
+                                    if device.type in GIVEN_CHECK_DEVICES else None)
             layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
             for name, layer in layers.items():
                 if layer is not originals[name]:
@@ -211,21 +234,52 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 _replace(model, name, originals[name])
         _log_notes(tuning.results.values())
         tuned = {name: layers[name] for name in tuning.results}
-        with torch.no_grad(), tf32_flags(False):
+        with torch.no_grad(), tf32_flags(policy.dense_tf32):
             with clock.phase("linears"):
                 linears, linear_output = tune_linears(model, _cast(inputs, policy.dtype), timer)
             if linears:  # the error is then taken on the chosen splits, not the conv pass's F.linear
                 output = linear_output
             with clock.phase("layouts"):
-                batch_inner, layout_ms = keep_batch_inner_outputs(model, lambda: model(*_cast(inputs, policy.dtype)),
-                                                                  tuned, timer)
+                batch_inner, layout_ms = keep_batch_inner_outputs(model, run, tuned, timer)
             with clock.phase("model check"):
-                check = check_against_dense(lambda: model(*_cast(inputs, policy.dtype)), tuned, tuning.results,
-                                            device.type, timer)
+                check = check_against_dense(run, tuned, tuning.results, device.type, timer)
+                if given.ms is not None:
+                    check = check_against_given(check, given.ms, lambda: given.restore(model, layers))
+    kept_batch_inner = [] if check.kept == "given" else [name for name in batch_inner if is_batch_inner(tuned[name])]
     return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
-                      [name for name in batch_inner if is_batch_inner(tuned[name])], layout_ms, run_mode, linears)
+                      kept_batch_inner, layout_ms, run_mode, linears, policy.describe)
+
+
+# Where the tuned model is checked against the model as given: where its speed is the point. On the
+# CPU, where sparsecnn makes no speed claims, timing noise would put models back for nothing.
+GIVEN_CHECK_DEVICES = ("cuda",)
+
+
+class _GivenModel:
+    """What `autotune_model` changes in a model, as it was given: its selected convs (modules, or the
+    backend state of those already `SparseConv2d`) and its `SplitKLinear` splits, with `ms`, the
+    whole model's time as given (in the policy's dtype, flags and run mode; None: not timed)."""
+
+    def __init__(self, model: nn.Module, originals: Dict[str, nn.Module], ms: Optional[float]):
+        self.ms = ms
+        self.originals = originals
+        self.states = {name: module.backend_state() for name, module in originals.items()
+                       if isinstance(module, SparseConv2d)}
+        self.splits = {name: module.splits for name, module in model.named_modules() if isinstance(module, SplitKLinear)}
+
+    def restore(self, model: nn.Module, layers: Dict[str, nn.Module]) -> None:
+        """Put every selected conv and linear split back as given (the layers `autotune_model` made
+        are `layers`)."""
+        for name, original in self.originals.items():
+            if layers.get(name, original) is not original:
+                _replace(model, name, original)
+            elif name in self.states:
+                original.restore_backend(self.states[name])
+        for name, module in model.named_modules():
+            if name in self.splits:
+                module.splits = self.splits[name]
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):

@@ -45,7 +45,7 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
     x: the layer's input (N, C, H, W) in `policy.dtype`; weight: masked (K, C // groups, R, S);
     bias: (K,) or None; activation ("none" or "relu") and residual (None or the output's shape) are
     the fused epilogue every candidate runs with. retune: time even when a decision is cached.
-    Timing runs with the global TF32 flags off (see `precision`). The result's `cache_note` says why
+    Timing runs with the global TF32 flags as `policy.dense_tf32` says (see `precision`). The result's `cache_note` says why
     an entry on disk was not used, when one existed. clock: see `pick_fastest`. run_mode: what
     `timer` measures ("graph": GPU time, "eager": eager wall time), part of the cache key.
     deferred: those of `candidates` not to time now (their preparation is still running): without
@@ -66,7 +66,7 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
         if decision is not None:
             note = f"the cached choice {decision.backend} {decision.config} is not among this run's candidates"
     deferred = tuple(c for c in candidates if c in deferred)
-    with tf32_flags(False):
+    with tf32_flags(policy.dense_tf32):
         selection = pick_fastest(x, weight, bias, spec, [c for c in candidates if c not in deferred], timer,
                                  drop_ratio, activation == "relu", residual, clock=clock)
     if not deferred:
@@ -88,7 +88,7 @@ def finish_deferred(result: LayerResult, x: torch.Tensor, weight: torch.Tensor, 
                     [candidate.saved() for candidate in candidates], run_mode)
     chosen = next(c for c in candidates if c.label() == result.choice)
     rivals = list(dict.fromkeys([chosen, Candidate(BASELINE), *result.deferred]))
-    with tf32_flags(False):
+    with tf32_flags(policy.dense_tf32):
         selection = pick_fastest(x, weight, bias, spec, rivals, timer, drop_ratio, activation == "relu", residual,
                                  clock=clock)
     _store(cache, key, selection)

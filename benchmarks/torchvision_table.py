@@ -1,0 +1,125 @@
+"""torchvision models as a user runs them: random weights, every groups=1 conv magnitude-pruned to 0.9,
+`prepare_for_inference` + `sparsify_` with the defaults, against the dense model as given at PyTorch's
+defaults (TF32 convs for fp32; fp16 channels_last), called eagerly and under a CUDA graph.
+
+Usage (GPU machine, a script without a `__main__` guard on purpose):
+    python benchmarks/torchvision_table.py OUT.jsonl BUDGET_S MODEL:DTYPE:BATCH ...
+One JSON line per (model, dtype, batch, variant, mode): the results schema of ARCHITECTURE.md with
+backend "cudnn" (the dense model as given) or "auto" (ours), mode "eager" or "cudagraph", rel_err
+against the dense masked model in fp64, and config {"policy", "tune_s", "kept", "sparse_layers"}.
+A model is started only while BUDGET_S seconds have not passed since the script began.
+"""
+import copy
+import json
+import sys
+import time
+
+import torch
+import torchvision
+
+import sparsecnn
+from sparsecnn.bench.env import environment, new_run_id
+from sparsecnn.core.reference import relative_error
+from sparsecnn.nn import SparseConv2d
+from sparsecnn.prune import prune_magnitude_
+from sparsecnn.tuning.timing import benchmark, eager_benchmark
+
+START = time.time()
+OUT, BUDGET_S, CELLS = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+DEVICE = torch.device("cuda")
+RUN = new_run_id()
+ENV = environment(DEVICE)
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+def pruned(name):
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name, weights=None).eval()
+    prune_magnitude_(model, 0.9, filter_fn=lambda _, module: module.groups == 1)
+    return model
+
+
+def graph_runner(model, x):
+    """replay of `model(x)` captured in our own CUDA graph (as a user capturing the model would)."""
+    static = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            model(static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(static)
+    return graph.replay, out
+
+
+def timed(model, x, ref):
+    """{mode: (stats, rel_err)} for plain calls and for our own graph capture."""
+    with torch.no_grad():
+        eager_out = model(x)
+        results = {"eager": (eager_benchmark(lambda: model(x), DEVICE), relative_error(eager_out, ref))}
+        replay, out = graph_runner(model, x)
+        replay()
+        results["cudagraph"] = (benchmark(replay, DEVICE), relative_error(out, ref))
+    return results
+
+
+def row(name, dtype, batch, backend, mode, stats, err, config):
+    return {**ENV, "run": RUN, "kind": "model", "suite": "torchvision", "layer": None, "model": name, "N": batch,
+            "C": None, "K": None, "H": None, "W": None, "R": None, "S": None, "stride": None, "padding": None,
+            "dtype": dtype, "sparsity": 0.9, "pattern": "random", "backend": backend, "config": config, "mode": mode,
+            "median_ms": stats["median_ms"], "p20_ms": stats.get("p20_ms"), "p80_ms": stats.get("p80_ms"),
+            "rel_err": err, "floor_ms": None}
+
+
+def cell(name, dtype, batch):
+    stored = DTYPES[dtype]
+    layout = torch.channels_last if dtype == "fp16" else torch.contiguous_format
+    model = pruned(name)
+    x = torch.randn(batch, 3, 224, 224, device=DEVICE)
+    with torch.no_grad():
+        ref = copy.deepcopy(model).to(DEVICE).double()(x.double())
+    x = x.to(stored).contiguous(memory_format=layout)
+    given = copy.deepcopy(model).to(DEVICE, stored).to(memory_format=layout)
+    rows = [row(name, dtype, batch, "cudnn", mode, stats, err, None)
+            for mode, (stats, err) in timed(given, x, ref).items()]
+    del given
+    start = time.perf_counter()
+    ours = copy.deepcopy(model).to(DEVICE, stored).to(memory_format=layout)
+    try:
+        ours = sparsecnn.prepare_for_inference(ours)
+    except Exception as error:  # noqa: BLE001  (not fx-traceable: sparsify_ alone, as the README says)
+        print(f"{name}: prepare_for_inference failed ({type(error).__name__}: {error}); sparsify_ alone")
+    with torch.no_grad():
+        sparsecnn.sparsify_(ours, x, dtype=None if dtype == "fp32" else dtype, progress=False)
+    report = ours.sparsecnn_report
+    config = {"policy": report.policy, "tune_s": round(time.perf_counter() - start, 1),
+              "kept": report.model_check.kept if report.model_check else None,
+              "sparse_layers": sum(isinstance(m, SparseConv2d) and not m.backend.startswith("dense")
+                                   for m in ours.modules()),
+              "layers": sum(isinstance(m, SparseConv2d) for m in ours.modules())}
+    rows += [row(name, dtype, batch, "auto", mode, stats, err, config)
+             for mode, (stats, err) in timed(ours, x, ref).items()]
+    return rows
+
+
+with open(OUT, "a") as out:
+    for spec in CELLS:
+        if time.time() - START > BUDGET_S:
+            print(f"budget spent: {spec} not started")
+            continue
+        name, dtype, batch = spec.split(":")
+        try:
+            rows = cell(name, dtype, int(batch))
+        except Exception as error:  # noqa: BLE001  (one model failing must not lose the others' rows)
+            print(f"{spec}: FAILED {type(error).__name__}: {error}")
+            continue
+        for result in rows:
+            out.write(json.dumps(result) + "\n")
+        out.flush()
+        dense = {r["mode"]: r["median_ms"] for r in rows if r["backend"] == "cudnn"}
+        ours_ms = {r["mode"]: r["median_ms"] for r in rows if r["backend"] == "auto"}
+        print(f"{spec}: " + ", ".join(f"{mode} {dense[mode] / ours_ms[mode]:.2f}x ({ours_ms[mode]:.3f} ms vs "
+                                      f"{dense[mode]:.3f})" for mode in dense)
+              + f"; {rows[-1]['config']} [{time.time() - START:.0f} s]", flush=True)
