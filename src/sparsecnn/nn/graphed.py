@@ -209,8 +209,22 @@ class CudaGraphSteps:
                         except Exception:  # noqa: BLE001 - the original exception is the one to report
                             pass
                 torch.cuda.set_stream(previous)
+                _reset_generator_capture(side)
                 raise
         return graph, outputs
+
+
+def _reset_generator_capture(stream: torch.cuda.Stream) -> None:
+    """Leave the CUDA random generators out of capture mode after a failed capture.
+
+    A capture whose end fails (it was invalidated, e.g. by a host sync) never runs the generators'
+    capture epilogue, so every later random op on the device fails ("Offset increment outside graph
+    capture"). An empty capture runs a prologue and an epilogue, which puts them back."""
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+            pass
+    except Exception:  # noqa: BLE001 - best effort; the failed capture's exception is the one reported
+        pass
 
 
 class _Entry:
