@@ -66,6 +66,8 @@ def timed(model, x, ref):
 
 
 def row(name, dtype, batch, backend, mode, stats, err, config):
+    """A results row; fp32 cells run at PyTorch's defaults (TF32 convs): schema dtype "tf32"."""
+    dtype = "tf32" if dtype == "fp32" else dtype
     return {**ENV, "run": RUN, "kind": "model", "suite": "torchvision", "layer": None, "model": name, "N": batch,
             "C": None, "K": None, "H": None, "W": None, "R": None, "S": None, "stride": None, "padding": None,
             "dtype": dtype, "sparsity": 0.9, "pattern": "random", "backend": backend, "config": config, "mode": mode,

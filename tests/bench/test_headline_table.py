@@ -23,6 +23,8 @@ def test_update_rewrites_a_stale_table_and_refuses_a_readme_without_markers(tmp_
     assert "| m | b | 1.000 | 2.000 | **2.00x** | H100, 2026-11-26 |" in readme.read_text()
     assert "old" not in readme.read_text() and readme.read_text().endswith("rest\n")
     assert not update_readme(readme, headline)
+    headline.write_text(json.dumps({"entries": [entry, {**entry, "what": "hidden", "readme": False}]}))
+    assert not update_readme(readme, headline) and "hidden" not in readme.read_text()
     (tmp_path / "bare.md").write_text("# no markers\n")
     with pytest.raises(ValueError, match="no headline block"):
         update_readme(tmp_path / "bare.md", headline)

@@ -67,7 +67,7 @@ def layer_geomean(entry, rows):
 
 def test_headline_has_entries():
     names = [entry["name"] for entry in _entries()]
-    assert 1 <= len(names) <= 12 and len(set(names)) == len(names)
+    assert len(names) >= 1 and len(set(names)) == len(names)
 
 
 @pytest.mark.parametrize("entry", _entries(), ids=lambda e: e["name"])

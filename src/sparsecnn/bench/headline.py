@@ -33,8 +33,9 @@ def render(entries: List[Dict[str, Any]]) -> str:
 
 
 def readme_block(headline: Path) -> str:
-    """The README block (markers included) for the entries of the headline file at `headline`."""
-    entries = json.loads(Path(headline).read_text())["entries"]
+    """The README block (markers included) for the entries of the headline file at `headline` that
+    are marked for the README (`"readme": true`, the default; the others are in RESULTS.md)."""
+    entries = [entry for entry in json.loads(Path(headline).read_text())["entries"] if entry.get("readme", True)]
     return f"{START}\n{render(entries)}\n{END}"
 
 
