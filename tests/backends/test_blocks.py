@@ -334,6 +334,7 @@ def test_packing_errors():
 # --- kernel (interpreter) -----------------------------------------------------------------
 
 SHAPES = [(kernel, stride, padding) for kernel in (1, 3, 5) for stride in (1, 2) for padding in range(4)]
+SHAPES += [(1, 3, 0), (3, 3, 1), (5, 3, 2)]  # stride 3
 
 
 @needs_interpreter

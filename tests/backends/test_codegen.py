@@ -327,10 +327,10 @@ def test_concurrent_compiles_of_one_plan_run_nvcc_once(tmp_path, monkeypatch):
     open file) wait for one nvcc and take its template from the cache."""
     cache, calls, real_nvcc = toolchain.DiskCache(tmp_path), [], toolchain.nvcc_ptx
 
-    def slow_nvcc(source):
+    def slow_nvcc(source, *args):
         calls.append(source)
         time.sleep(0.5)  # the others ask for the template while this one compiles it
-        return real_nvcc(source)
+        return real_nvcc(source, *args)
 
     monkeypatch.setattr(toolchain, "nvcc_ptx", slow_nvcc)
     plan = codegen.make_plan(SMALL, SMALL_CONFIG)
@@ -415,7 +415,8 @@ def test_resnet_conv1_default_tiling_does_not_spill(cache):
     (3, 2, 1, codegen.CodegenConfig(bh=2, bw=2, bn=2, bk=8, tx=8, ty=4, chunk_c=1, slice_k=16), False, True),
     (3, 2, 1, codegen.CodegenConfig(bh=1, bw=3, bn=1, bk=5, tx=8, ty=8, chunk_c=2), True, False),
     (3, 2, 1, codegen.CodegenConfig(bh=4, bw=1, bn=3, bk=3, tx=32, ty=1, slice_k=9), True, True),
-], ids=["3x3", "5x5-s2-relu", "1x1-s2-nobias", "slices-groups-chunks", "relu-nobias", "bn3"])
+    (3, 3, 1, None, True, True),
+], ids=["3x3", "5x5-s2-relu", "1x1-s2-nobias", "slices-groups-chunks", "relu-nobias", "bn3", "3x3-s3-relu"])
 def test_emitted_source_computes_the_convolution(tmp_path, r, stride, pad, config, relu, has_bias):
     """The generated CUDA C (staging with halo and padding, double-buffered chunks, groups, slices
     walked backwards, partial tiles and image groups, epilogue) run as C++: it is the code both
@@ -468,7 +469,8 @@ def test_import_does_not_load_cuda_libraries():
 # --- GPU: numerics, modes, graphs, loaders ---------------------------------------------------
 
 ODD = dict(C=3, K=33, H=13)
-SHAPES = [(1, 1, 0), (1, 2, 1), (3, 1, 1), (3, 2, 0), (3, 1, 2), (5, 1, 2), (5, 2, 1), (5, 1, 0)]  # (R, stride, pad)
+SHAPES = [(1, 1, 0), (1, 2, 1), (3, 1, 1), (3, 2, 0), (3, 1, 2), (5, 1, 2), (5, 2, 1), (5, 1, 0),
+          (3, 3, 1)]  # (R, stride, pad)
 SPARSITIES = [0.0, 0.5, 0.9, 0.99, 1.0]
 
 

@@ -321,6 +321,7 @@ def test_every_config(config):
 
 
 SHAPES = [(kernel, stride, padding) for kernel, stride, padding in itertools.product((1, 3, 5, 7), (1, 2), range(4))]
+SHAPES += [(1, 3, 0), (3, 3, 1), (5, 3, 2)]  # stride 3
 
 
 @needs_interpreter

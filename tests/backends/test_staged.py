@@ -38,6 +38,7 @@ ODD_SHAPES = [  # (C, K, H, W, R, stride, padding): the issue's odd cases, batch
     (6, 17, 13, 13, 5, 2, 2),
     (7, 12, 9, 9, 7, 1, 3),
     (16, 40, 8, 8, 1, 2, 0),
+    (5, 9, 13, 13, 3, 3, 1),
 ]
 
 
@@ -149,10 +150,10 @@ def test_entries_refuse_a_halo_smaller_than_the_kernel():
 # --- the CUDA C on the CPU, and its compile ------------------------------------------------------
 
 
-def _cpu_case(shape, config, relu, with_bias, with_residual, batch_inner, tmp_path, pool=0):
+def _cpu_case(shape, config, relu, with_bias, with_residual, batch_inner, tmp_path, pool=0, weight=None):
     spec = _spec(*shape)
     generator = torch.Generator().manual_seed(1)
-    weight = _weight(spec)
+    weight = _weight(spec) if weight is None else weight
     x = torch.randn(spec.input_shape, generator=generator)
     bias = torch.randn(spec.K, generator=generator) if with_bias else None
     residual = torch.randn(spec.output_shape, generator=generator) if with_residual else None
@@ -199,6 +200,18 @@ def test_fused_pool_is_refused_where_the_kernel_cannot_pool():
         staged.check_pool(2, staged.StagedConfig(), spec, True)
     with pytest.raises(ValueError, match="pool must be"):
         staged.check_pool(3, staged.StagedConfig(), spec, False)
+
+
+@needs_gxx
+@pytest.mark.parametrize("density", ["all-zero", "dense"])
+def test_all_zero_and_fully_dense_weights_on_the_cpu(density, tmp_path):
+    """No non-zero at all (the output is the epilogue of the bias alone), and no zero at all."""
+    shape = (5, 9, 13, 13, 3, 1, 1)
+    spec = _spec(*shape)
+    weight = torch.zeros(spec.weight_shape) if density == "all-zero" else torch.randn(spec.weight_shape) + 4.0
+    config = staged.StagedConfig(tile_h=2, tile_w=4, chunk_c=2, rows_per_warp=3, warps=2)
+    _cpu_case(shape, config, True, True, True, True, tmp_path, weight=weight)
+    _cpu_case(shape, config, False, True, False, False, tmp_path, weight=weight)
 
 
 @needs_gxx

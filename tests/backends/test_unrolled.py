@@ -40,6 +40,7 @@ ODD_SHAPES = [  # (N, C, K, H, W, R, stride, padding): the issue's odd cases
     (2, 6, 17, 13, 13, 5, 2, 2),
     (3, 7, 12, 9, 9, 7, 1, 3),
     (2, 16, 40, 8, 8, 1, 2, 0),
+    (2, 5, 9, 13, 13, 3, 3, 1),
 ]
 
 
@@ -135,6 +136,20 @@ def test_every_candidate_computes_the_convolution_on_the_cpu(shape):
                                   for a in args), part_fmas=part_fmas)
         assert not np.isnan(y).any(), config
         assert relative_error(torch.from_numpy(y), _reference(x, weight, *args, spec)) < 1e-6, config
+
+
+@pytest.mark.parametrize("density", ["all-zero", "dense"])
+def test_all_zero_and_fully_dense_weights_on_the_cpu(density):
+    """No non-zero at all (the output is the epilogue of the bias alone), and no zero at all."""
+    spec = _spec(3, 5, 9, 13, 13, 3, 1, 1)
+    weight = torch.zeros(spec.weight_shape) if density == "all-zero" else torch.randn(spec.weight_shape) + 4.0
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(spec.input_shape, generator=generator)
+    bias, residual = torch.randn(spec.K, generator=generator), torch.randn(spec.output_shape, generator=generator)
+    for config in unrolled.candidate_configs(spec, int(weight.count_nonzero())):
+        y = run_unrolled_on_cpu(x.numpy(), weight.numpy(), spec, config, bias.numpy(), residual.numpy(), True)
+        assert not np.isnan(y).any(), config
+        assert relative_error(torch.from_numpy(y), _reference(x, weight, bias, residual, True, spec)) < 1e-6, config
 
 
 def test_auto_config_keeps_enough_threads_per_column():

@@ -1,4 +1,6 @@
 """CPU tests of the benchmark harness: schema, layer and model benchmarks, patterns, report."""
+import time
+
 import pytest
 import torch
 from helpers.common import INTERPRET
@@ -166,7 +168,14 @@ def test_bench_model_compiles_dense_and_sparse_models_in_the_same_mode(monkeypat
 
     def recording_compile(model, mode=None, **kwargs):
         compiled_modes.append(mode)
-        return model
+        first = []
+
+        def compiled(*args):
+            if not first:  # the first call is where torch.compile compiles
+                first.append(time.sleep(0.05))
+            return model(*args)
+
+        return compiled
 
     monkeypatch.setattr(torch, "compile", recording_compile)
     rows = bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.8, pattern="random", device="cpu",
@@ -174,6 +183,7 @@ def test_bench_model_compiles_dense_and_sparse_models_in_the_same_mode(monkeypat
     assert compiled_modes == ["reduce-overhead", "reduce-overhead"]
     assert [(row["backend"], row["mode"]) for row in rows] == [("cudnn", "compile"), ("auto", "compile")]
     assert [row["config"]["compile_mode"] for row in rows] == ["reduce-overhead", "reduce-overhead"]
+    assert all(row["config"]["compile_s"] >= 0.05 for row in rows)  # the compile time is recorded
     assert "| cudnn | compile (reduce-overhead) |" in markdown_table(rows)
 
 

@@ -159,7 +159,8 @@ def _sparse_choices(model: nn.Module, tune_s: float) -> Dict[str, Any]:
 
 def _time_modes(model: nn.Module, x: torch.Tensor, ref: torch.Tensor, modes: Sequence[str], dtype: str,
                 timing: Dict[str, Any], compile_mode: Optional[str]) -> List[Tuple[str, Dict[str, float]]]:
-    """[(mode, {"median_ms", "p20_ms", "p80_ms", "rel_err"})] of `model(x)`. cudagraph is skipped with
+    """[(mode, {"median_ms", "p20_ms", "p80_ms", "rel_err", "first_call_s"})] of `model(x)` (first_call_s:
+    wall seconds of the first call, torch.compile's compile time in mode "compile"). cudagraph is skipped with
     a note off CUDA or when capture fails (e.g. a library call that cannot be captured)."""
     results = []
     for mode in modes:
@@ -174,18 +175,22 @@ def _time_modes(model: nn.Module, x: torch.Tensor, ref: torch.Tensor, modes: Seq
                     raise
                 tqdm.write(f"mode cudagraph skipped: capture failed: {error}")
                 continue
-            err = relative_error(once(), ref)
+            start = time.perf_counter()
+            err = relative_error(once(), ref)  # mode "compile": this first call compiles (and autotunes)
+            first_call_s = time.perf_counter() - start
             stats = eager_benchmark(timed, x.device) if mode == "eager" else benchmark(timed, x.device, **timing)
-            results.append((mode, {**stats, "rel_err": err}))
+            results.append((mode, {**stats, "rel_err": err, "first_call_s": first_call_s}))
     return results
 
 
 def _row(base: Dict[str, Any], backend: str, config: Optional[dict], mode: str,
          stats: Dict[str, float], compile_mode: Optional[str], cudnn_benchmark: bool) -> Dict[str, Any]:
-    """One result row; a "compile" row's config records `torch.compile`'s mode ("compile_mode"), and
+    """One result row; a "compile" row's config records `torch.compile`'s mode ("compile_mode") and the
+    first call's seconds ("compile_s": compiling and autotuning), and
     every row's config says `cudnn_benchmark: true` when the run had cudnn.benchmark on."""
     if mode == "compile":
-        config = {**(config or {}), "compile_mode": compile_mode or "default"}
+        config = {**(config or {}), "compile_mode": compile_mode or "default",
+                  "compile_s": round(stats["first_call_s"], 2)}
     if cudnn_benchmark:
         config = {**(config or {}), "cudnn_benchmark": True}
     row = {**base, "backend": backend, "config": config, "mode": mode, **stats}
