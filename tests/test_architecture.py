@@ -27,7 +27,8 @@ ALLOWED = {
     "bench": _LOW | {"backends", "models", "nn", "passes", "prune", "tuning", "layers"},
     "artifact": _LOW | {"sparsecnn", "backends", "models", "nn", "passes", "prune", "tuning"},
     "demo": _LOW | {"bench", "models", "nn", "passes", "prune", "tuning"},
-    "cli": _LOW | {"artifact", "backends", "bench", "data", "demo", "layers", "models", "prune", "tuning"},
+    "cli": _LOW | {"artifact", "backends", "bench", "data", "demo", "doctor", "layers", "models", "prune", "tuning"},
+    "doctor": _LOW | {"artifact", "backends", "bench", "data", "demo", "layers", "models", "prune", "tuning"},
     "__init__": _LOW | {"artifact", "layers", "nn", "passes", "tuning"},  # artifact: on first use
 }
 

@@ -1,4 +1,5 @@
-"""`sparsecnn` command line: layers, backends, bench layers/model, report, demo, prune, compile, load."""
+"""`sparsecnn` command line: layers, backends, bench layers/model, report, demo, prune, compile, load,
+doctor."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,17 @@ def _cmd_backends(args) -> None:
         support = "; ".join(f"{dev}: {', '.join(str(d).replace('torch.', '') for d in dts)}"
                             for dev, dts in backend.dtypes.items())
         print(f"{name:18s} {backend.description}  [{support}]")
+
+
+def _cmd_doctor(args) -> int:
+    from sparsecnn.doctor import DEFAULT_ARCHES, run
+
+    arches = None
+    if args.compile_check:
+        arches = _split(args.arch) if args.arch else list(DEFAULT_ARCHES)
+    elif args.arch:
+        raise ValueError("--arch goes with --compile-check")
+    return run(arches)
 
 
 def _device(args) -> str:
@@ -304,13 +316,19 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--device", default=None, help="default: where it was tuned, when present here")
     load.add_argument("--cache-dir", default=None, help="tuning cache used if it must re-tune")
     load.set_defaults(run=_cmd_load)
+
+    doctor = commands.add_parser("doctor", help="GPUs, versions, toolchain, which backends can run here and why not")
+    doctor.add_argument("--compile-check", action="store_true",
+                        help="compile one small layer of every generated family per arch with ptxas (no GPU needed)")
+    doctor.add_argument("--arch", default="", help="arches for --compile-check, e.g. 80,86,89,90 (default: those)")
+    doctor.set_defaults(run=_cmd_doctor)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.run(args)
+        code = args.run(args)
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f"sparsecnn: error: {error}", file=sys.stderr)
         return 2
@@ -319,7 +337,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         print(f"sparsecnn: error: {error}", file=sys.stderr)
         return 2
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

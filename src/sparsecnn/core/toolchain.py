@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
 import sparsecnn.settings as settings
+from sparsecnn.core import device
 
-ARCH = "90"  # sm_90 / compute_90: Hopper (H100, H200)
+ARCH = device.DEFAULT_ARCH  # the default target without a GPU: sm_90 / compute_90 (H100, H200)
+# Oldest PTX ISA that can target each arch (PTX ISA release notes): the driver must accept it.
+MIN_PTX_ISA = {"80": (7, 0), "86": (7, 1), "87": (7, 4), "89": (7, 8), "90": (7, 8)}
 # IEEE fp32 (no flush-to-zero, exact division) so emitted code matches the reference; the kernels
 # call __fmaf_rn explicitly, -fmad=true only lets nvcc keep them fused.
 NVCC_FLAGS = ("-O3", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true")
@@ -146,6 +149,21 @@ def check_ptx_isa(ptx: str, limit: Optional[Tuple[int, int]] = None) -> None:
                              "(or set SPARSECNN_MAX_PTX_ISA if the driver is newer than detected)")
 
 
+def target_arch(arch=None) -> str:
+    """The arch to compile for: `arch` ("86", "sm_86", DeviceProperties) or the current device's
+    (`device.current_arch()`: "90" without a GPU). ToolchainError if below sm_80 or if the driver's
+    newest PTX ISA is older than the arch needs."""
+    arch = device.current_arch() if arch is None else (
+        arch.arch if isinstance(arch, device.DeviceProperties) else device.normalize_arch(arch))
+    if not arch.isdigit() or int(arch) < 80:
+        raise ToolchainError(f"cannot target sm_{arch}: the generated kernels need sm_80 or newer")
+    needed, limit = MIN_PTX_ISA.get(arch, (7, 8)), max_ptx_isa()
+    if needed > limit:
+        raise ToolchainError(f"sm_{arch} needs PTX ISA {needed[0]}.{needed[1]}, newer than {limit[0]}.{limit[1]} "
+                             "the CUDA driver accepts: update the driver")
+    return arch
+
+
 def _run(command, what: str) -> subprocess.CompletedProcess:
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
@@ -156,36 +174,40 @@ def _run(command, what: str) -> subprocess.CompletedProcess:
     return result
 
 
-def nvcc_ptx(source: str) -> Tuple[str, float]:
-    """CUDA C -> PTX for compute_90 (ISA-checked); returns (ptx, seconds)."""
+def nvcc_ptx(source: str, arch=None) -> Tuple[str, float]:
+    """CUDA C -> PTX for compute_<arch> (`target_arch(arch)`; ISA-checked); returns (ptx, seconds)."""
+    arch = target_arch(arch)
     nvcc = require_tool("nvcc")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sparsecnn-nvcc-") as tmp:
         src, out = Path(tmp, "kernel.cu"), Path(tmp, "kernel.ptx")
         src.write_text(source)
-        _run([nvcc, "-ptx", f"-arch=compute_{ARCH}", *NVCC_FLAGS, str(src), "-o", str(out)], "nvcc -ptx")
+        _run([nvcc, "-ptx", f"-arch=compute_{arch}", *NVCC_FLAGS, str(src), "-o", str(out)], "nvcc -ptx")
         ptx = out.read_text()
     check_ptx_isa(ptx)
     return ptx, time.perf_counter() - start
 
 
-def ptxas_cubin(ptx: str) -> Tuple[bytes, PtxasInfo, float]:
-    """PTX -> sm_90 cubin; returns (cubin, registers/spills, seconds)."""
+def ptxas_cubin(ptx: str, arch=None) -> Tuple[bytes, PtxasInfo, float]:
+    """PTX -> sm_<arch> cubin (`target_arch(arch)`); returns (cubin, registers/spills, seconds)."""
+    arch = target_arch(arch)
     check_ptx_isa(ptx)
     ptxas = require_tool("ptxas")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sparsecnn-ptxas-") as tmp:
         src, out = Path(tmp, "kernel.ptx"), Path(tmp, "kernel.cubin")
         src.write_text(ptx)
-        result = _run([ptxas, f"-arch=sm_{ARCH}", *PTXAS_FLAGS, str(src), "-o", str(out)], "ptxas")
+        result = _run([ptxas, f"-arch=sm_{arch}", *PTXAS_FLAGS, str(src), "-o", str(out)], "ptxas")
         cubin = out.read_bytes()
     return cubin, PtxasInfo.parse(result.stdout + result.stderr), time.perf_counter() - start
 
 
-def toolchain_id() -> str:
-    """Versions and flags of both tools (changes every cache key when the toolkit changes)."""
+def toolchain_id(arch=None) -> str:
+    """Versions and flags of both tools and the target arch (`target_arch(arch)`): part of every
+    cache key, so a key changes with the toolkit and the arch (sm_90 keys are as before)."""
+    arch = target_arch(arch)
     return (f"nvcc {tool_version(require_tool('nvcc'))} {' '.join(NVCC_FLAGS)} | "
-            f"ptxas {tool_version(require_tool('ptxas'))} {' '.join(PTXAS_FLAGS)} | sm_{ARCH}")
+            f"ptxas {tool_version(require_tool('ptxas'))} {' '.join(PTXAS_FLAGS)} | sm_{arch}")
 
 
 def cache_root() -> Path:

@@ -1,4 +1,4 @@
-"""Backend `codegen`: sparsity-aware code generation (paper 002), CUDA fp32 and fp16 on sm_90.
+"""Backend `codegen`: sparsity-aware code generation (paper 002), CUDA fp32 and fp16 on sm_80 and newer.
 
 The weight is compiled into the kernels (zero weights' FMAs removed, the rest immediates), which
 needs the layer's spatial shape: `prepare` only checks and keeps the weight, and each layer shape
@@ -70,7 +70,7 @@ def _compile_in_worker(weight: np.ndarray, spec: ConvSpec, config: codegen.Codeg
     """compile_conv in a worker process, one slice at a time (the workers are the parallelism):
     (plan, cubins, report) to rebuild the `CompiledConv` from."""
     compiled = codegen.compile_conv(weight, spec, config, relu=relu, has_bias=has_bias, dtype=dtype, jobs=1)
-    return compiled.plan, compiled.cubins, compiled.report
+    return compiled.plan, compiled.cubins, compiled.report, compiled.arch
 
 
 class CodegenWeight:
@@ -206,7 +206,7 @@ def _pending(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias:
 CODEGEN = register_backend(Backend(
     name="codegen",
     description="sparsity-aware code generation (Dong et al.): weights as FMA immediates, zero-weight FMAs "
-                "deleted from a PTX template (or never emitted), fp32/fp16 CUDA sm_90",
+                "deleted from a PTX template (or never emitted), fp32/fp16 CUDA sm_80 and newer",
     dtypes={"cuda": (torch.float32, torch.float16)},
     prepare=_prepare,
     bind=_bind,

@@ -1,6 +1,7 @@
 """Sparsity-aware code generation for convolutions (paper 002): weights become FMA immediates.
 
-`compile_conv(weight, spec, config, dtype=...)` turns one layer's pruned weight into sm_90 kernels,
+`compile_conv(weight, spec, config, dtype=...)` turns one layer's pruned weight into kernels for
+the device's arch (sm_80 and newer; `arch=` for another),
 one per slice of output channels (tiling: plan.py; CUDA C: template.py for FFMA, half2.py for
 HFMA2):
   rewrite mode: the placeholder template -> nvcc -ptx, once per layer shape, config, dtype and
@@ -132,32 +133,34 @@ def _generator_digest() -> str:
     return toolchain.cache_key(*(Path(module.__file__).read_bytes() for module in modules))
 
 
-def _template_key(plan: KernelPlan) -> str:
+def _template_key(plan: KernelPlan, arch: str) -> str:
     """Cache key of `plan`'s placeholder PTX: the plan without what the source does not depend on
     (the batch and the layer's name), the generator's digest and the toolchain. Generating the
     source of a large template is slow enough that loading a cached layer would otherwise pay it."""
     spec = dataclasses.replace(plan.spec.with_batch(0), name="")
     return toolchain.cache_key("template", repr(dataclasses.replace(plan, spec=spec)), _generator_digest(),
-                               toolchain.toolchain_id())
+                               toolchain.toolchain_id(arch))
 
 
-def compile_template(plan: KernelPlan, cache: Optional[DiskCache] = None) -> Template:
-    """The placeholder PTX of `plan` (from the disk cache, else nvcc).
+def compile_template(plan: KernelPlan, cache: Optional[DiskCache] = None, arch=None) -> Template:
+    """The placeholder PTX of `plan` for `arch` (`toolchain.target_arch`: None is the current
+    device's) from the disk cache, else nvcc.
 
     A fresh template is checked before it is cached: each placeholder must feed exactly one FMA
     weight operand (nvcc neither merged nor duplicated any), else RewriteError.
     """
     cache = cache or DiskCache()
-    key = _template_key(plan)
+    arch = toolchain.target_arch(arch)
+    key = _template_key(plan, arch)
     with cache.exclusive(key):  # layers sharing a plan, compiled in parallel processes: one nvcc
         cached = cache.get(key, "ptx")
         if cached is not None:
             return Template(cached.decode(), key, 0.0, True)
-        return _new_template(plan, key, cache)
+        return _new_template(plan, key, cache, arch)
 
 
-def _new_template(plan: KernelPlan, key: str, cache: DiskCache) -> Template:
-    ptx, seconds = toolchain.nvcc_ptx(kernel_source(plan))
+def _new_template(plan: KernelPlan, key: str, cache: DiskCache, arch: str) -> Template:
+    ptx, seconds = toolchain.nvcc_ptx(kernel_source(plan), arch)
     sites = placeholder_sites(ptx, frozenset(placeholders(plan).tolist()))
     wrong = {bits: count for bits, count in sites.items() if count != 1}
     if len(sites) != plan.template_fmas or wrong:
@@ -169,7 +172,8 @@ def _new_template(plan: KernelPlan, key: str, cache: DiskCache) -> Template:
 
 def compile_conv(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None, relu: bool = False,
                  has_bias: bool = True, max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMAS, jobs: int = 0,
-                 cache: Optional[DiskCache] = None, dtype: Union[torch.dtype, str] = torch.float32) -> "CompiledConv":
+                 cache: Optional[DiskCache] = None, dtype: Union[torch.dtype, str] = torch.float32,
+                 arch=None) -> "CompiledConv":
     """Compile the kernels of one layer for inputs of `dtype` (float32 or float16).
 
     weight: (K, C, R, S) float (tensor on any device, or array), zeros at pruned positions; for
@@ -179,8 +183,9 @@ def compile_conv(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None,
     `dtype`); jobs: parallel slice compiles (0: one per CPU). A rewrite-mode layer whose template
     the rewrite cannot handle soundly (RewriteError, e.g. nvcc left a loop in a very large kernel,
     so the PTX is not in SSA form) is compiled in emit mode instead; `report.fallback` says why.
+    arch: the target ("86", DeviceProperties; None: the current device's, sm_90 without a GPU).
     """
-    args = (spec, relu, has_bias, max_kernel_fmas, jobs, cache or DiskCache(), dtype)
+    args = (spec, relu, has_bias, max_kernel_fmas, jobs, cache or DiskCache(), dtype, toolchain.target_arch(arch))
     try:
         return _compile_conv(weight, config, *args)
     except RewriteError as error:
@@ -194,7 +199,7 @@ def compile_conv(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None,
 
 
 def _compile_conv(weight, config: Optional[CodegenConfig], spec: ConvSpec, relu: bool, has_bias: bool,
-                  max_kernel_fmas: int, jobs: int, cache: DiskCache, dtype) -> "CompiledConv":
+                  max_kernel_fmas: int, jobs: int, cache: DiskCache, dtype, arch: str) -> "CompiledConv":
     start = time.perf_counter()
     weight, plan = prepare_weight(weight, spec, config, relu, has_bias, max_kernel_fmas, dtype)
     config = plan.config
@@ -202,19 +207,19 @@ def _compile_conv(weight, config: Optional[CodegenConfig], spec: ConvSpec, relu:
     report = CompileReport(config.mode, plan.n_slices, plan.template_fmas, plan.dtype, plan.flush_terms,
                            smem_bytes=plan.smem_bytes)
     if config.mode == "rewrite":
-        template = compile_template(plan, cache)
+        template = compile_template(plan, cache, arch)
         report.nvcc_s, report.cache_hits = template.nvcc_s, int(template.cached)
         report.template_ptx_bytes = len(template.ptx.encode())
-        build = lambda w: _rewritten_slice(plan, template, w, cache)  # noqa: E731
+        build = lambda w: _rewritten_slice(plan, template, w, cache, arch)  # noqa: E731
     else:
-        build = lambda w: _emitted_slice(plan, w, cache)  # noqa: E731
+        build = lambda w: _emitted_slice(plan, w, cache, arch)  # noqa: E731
     workers = max(1, min(len(slices), jobs or os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(build, slices))
     for result in results:
         _add(report, result)
     report.compile_s = time.perf_counter() - start
-    return CompiledConv(plan, [result.cubin for result in results], report)
+    return CompiledConv(plan, [result.cubin for result in results], report, arch)
 
 
 def prepare_weight(weight, spec: ConvSpec, config: Optional[CodegenConfig] = None, relu: bool = False,
@@ -266,32 +271,33 @@ def _store_slice(cache: DiskCache, key: str, cubin: bytes, meta: dict) -> _Slice
     return _Slice(cubin, meta, False)
 
 
-def _assemble(ptx: str) -> tuple:
-    cubin, info, seconds = toolchain.ptxas_cubin(ptx)
+def _assemble(ptx: str, arch: str) -> tuple:
+    cubin, info, seconds = toolchain.ptxas_cubin(ptx, arch)
     meta = dict(ptx_bytes=len(ptx.encode()), ptxas_s=seconds, **dataclasses.asdict(info))
     return cubin, meta
 
 
-def _rewritten_slice(plan: KernelPlan, template: Template, weight: np.ndarray, cache: DiskCache) -> _Slice:
-    key = toolchain.cache_key("rewrite", template.key, weight.tobytes(), toolchain.toolchain_id())
+def _rewritten_slice(plan: KernelPlan, template: Template, weight: np.ndarray, cache: DiskCache,
+                     arch: str) -> _Slice:
+    key = toolchain.cache_key("rewrite", template.key, weight.tobytes(), toolchain.toolchain_id(arch))
     found = _cached_slice(cache, key)
     if found is not None:
         return found
     value_map = dict(zip(placeholders(plan).tolist(), slot_weights(plan, weight).tolist()))
     ptx, stats = rewrite_ptx(template.ptx, value_map)
-    cubin, meta = _assemble(ptx)
+    cubin, meta = _assemble(ptx, arch)
     meta.update(deleted=stats.deleted, kept=stats.kept, rewrite_s=stats.seconds, nvcc_s=0.0)
     return _store_slice(cache, key, cubin, meta)
 
 
-def _emitted_slice(plan: KernelPlan, weight: np.ndarray, cache: DiskCache) -> _Slice:
+def _emitted_slice(plan: KernelPlan, weight: np.ndarray, cache: DiskCache, arch: str) -> _Slice:
     source = kernel_source(plan, weight)
-    key = toolchain.cache_key("emit", source, toolchain.toolchain_id())
+    key = toolchain.cache_key("emit", source, toolchain.toolchain_id(arch))
     found = _cached_slice(cache, key)
     if found is not None:
         return found
-    ptx, nvcc_s = toolchain.nvcc_ptx(source)
-    cubin, meta = _assemble(ptx)
+    ptx, nvcc_s = toolchain.nvcc_ptx(source, arch)
+    cubin, meta = _assemble(ptx, arch)
     kept = int(np.count_nonzero(weight)) * plan.pixels
     meta.update(deleted=plan.template_fmas - kept, kept=kept, rewrite_s=0.0, nvcc_s=nvcc_s)
     return _store_slice(cache, key, cubin, meta)
@@ -321,8 +327,9 @@ class CompiledConv:
     blocks backwards to start on the input the previous slice left in L2.
     """
 
-    def __init__(self, plan: KernelPlan, cubins: Sequence[bytes], report: CompileReport):
-        self.plan, self.cubins, self.report = plan, list(cubins), report
+    def __init__(self, plan: KernelPlan, cubins: Sequence[bytes], report: CompileReport,
+                 arch: str = toolchain.ARCH):
+        self.plan, self.cubins, self.report, self.arch = plan, list(cubins), report, arch
         self._slices = LazyKernels(self.cubins, KERNEL_NAME)
         self._checked: set = set()
 
@@ -330,8 +337,8 @@ class CompiledConv:
         """The loaded slice kernels on one device (loaded on first use)."""
         if device_index not in self._checked:
             capability = torch.cuda.get_device_capability(device_index)
-            if capability != (9, 0):
-                raise RuntimeError(f"codegen builds sm_{toolchain.ARCH} cubins; device {device_index} is "
+            if f"{capability[0]}{capability[1]}" != self.arch:
+                raise RuntimeError(f"these codegen kernels are sm_{self.arch} cubins; device {device_index} is "
                                    f"sm_{capability[0]}{capability[1]}")
             self._checked.add(device_index)
         return self._slices.kernels(device_index)

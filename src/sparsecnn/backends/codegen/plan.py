@@ -36,6 +36,7 @@ from typing import List, Tuple, Union
 
 import torch
 
+from sparsecnn.core import device
 from sparsecnn.core.checks import config_from_dict
 from sparsecnn.core.spec import ConvSpec
 
@@ -46,10 +47,16 @@ SMEM_BYTES_MAX = 48 * 1024  # static shared memory per block
 MAX_STAGE_REGS = 32  # prefetch registers per thread for one chunk (on top of the accumulators)
 MAX_ACCUMULATOR_REGS = 128  # per thread; beyond this the accumulators alone spill
 DEFAULT_MAX_KERNEL_FMAS = 40_000  # template FMAs per kernel: bounds nvcc time per slice
-TARGET_BLOCKS = 264  # two blocks per SM of an H100/H200 (132 SMs)
+BLOCKS_PER_SM = 2  # what the default tiling aims for: two blocks per SM (264 on a 132-SM H100/H200)
 MAX_BLOCKS_BOUND = 8  # largest __launch_bounds__ min-blocks the defaults ask for
 HALF2_FLUSH_REGS = 3  # a flushed HFMA2 accumulator: its half2 partial + one fp32 sum per lane
 DEFAULT_HALF_TERMS = 2
+
+
+def target_blocks(props=None) -> int:
+    """Blocks the default tiling aims for on `props` (`device.resolve`: None is the current GPU,
+    an H100 without one): `BLOCKS_PER_SM` per SM."""
+    return BLOCKS_PER_SM * device.resolve(props).sm_count
 
 
 def dtype_name(dtype: Union[torch.dtype, str]) -> str:
@@ -268,18 +275,18 @@ def _flush_terms(spec: ConvSpec, config: CodegenConfig, density: float) -> int:
 
 
 def candidate_configs(spec: ConvSpec, dtype: Union[torch.dtype, str] = torch.float32,
-                      max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMAS) -> List[CodegenConfig]:
+                      max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMAS, props=None) -> List[CodegenConfig]:
     """3-6 valid configs for `spec` at `dtype`, the expected fastest (`default_config`) first: then
     without the register bound (float16: the HFMA2 kernel instead), twice the rows per thread, half
-    the channels per thread, and emit mode."""
+    the channels per thread, and emit mode. props: the GPU sized for (`target_blocks`)."""
     name = dtype_name(dtype)
-    default = default_config(spec, max_kernel_fmas)
+    default = default_config(spec, max_kernel_fmas, props=props)
     variants = [default, dataclasses.replace(default, min_blocks=0),
                 _bounded(dataclasses.replace(default, bh=default.bh * 2)),
                 _bounded(dataclasses.replace(default, bk=-(-default.bk // 2))),
                 dataclasses.replace(default, mode="emit")]
     if name == "float16":
-        variants[1] = default_config(spec, max_kernel_fmas, "half2")
+        variants[1] = default_config(spec, max_kernel_fmas, "half2", props)
     configs: List[CodegenConfig] = []
     for config in variants:
         if config in configs or config.accumulator_regs > MAX_ACCUMULATOR_REGS:
@@ -308,7 +315,7 @@ def _bounded(config: CodegenConfig) -> CodegenConfig:
 
 
 def default_config(spec: ConvSpec, max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMAS,
-                   accumulate: str = "float") -> CodegenConfig:
+                   accumulate: str = "float", props=None) -> CodegenConfig:
     """The tiling expected fastest on an H100/H200 for `accumulate` (float32 and float16 both
     default to "float": see the module docstring for why HFMA2 is not expected to win).
 
@@ -317,7 +324,8 @@ def default_config(spec: ConvSpec, max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMA
     90% keeps the FMA pipe, not shared memory, the limit). Extra rows per thread (bh) add window
     reuse while all K still fits in one kernel under the unroll cap, within the accumulator
     registers (64, or ~96 for flushed HFMA2 accumulators). Then, while the grid would leave SMs
-    idle (small batch), fewer channels per thread (more groups) and narrower tiles.
+    idle (small batch: fewer than `target_blocks(props)`), fewer channels per thread (more
+    groups) and narrower tiles.
     """
     if accumulate not in ACCUMULATE:
         raise ValueError(f"accumulate must be one of {ACCUMULATE}, got {accumulate!r}")
@@ -340,7 +348,8 @@ def default_config(spec: ConvSpec, max_kernel_fmas: int = DEFAULT_MAX_KERNEL_FMA
             and rows >= ty * bh * 2:
         bh *= 2
     config = CodegenConfig(bh=bh, bk=bk, tx=tx, ty=ty, accumulate=accumulate)
-    while _blocks(spec, config, rows) < TARGET_BLOCKS:
+    wanted = target_blocks(props)
+    while _blocks(spec, config, rows) < wanted:
         if config.bk > 8:
             n_groups *= 2
             config = dataclasses.replace(config, bk=-(-spec.K // n_groups))

@@ -52,6 +52,7 @@ from sparsecnn.backends.direct.format import (
 )
 from sparsecnn.backends.direct.kernel_batch import launch_batch
 from sparsecnn.backends.direct.tiles import channel_pixel_tile
+from sparsecnn.core import device
 from sparsecnn.core.batch_inner import is_batch_inner, new_output
 from sparsecnn.core.batch_pack import padded_batch_inner
 from sparsecnn.core.checks import (
@@ -247,7 +248,15 @@ class DirectConfig:
         return config_from_dict(cls, saved)
 
 
-_TARGET_PROGRAMS = 1024  # ~8 per SM on a 132-SM H100/H200: fills the machine, evens out the tail
+_PROGRAMS_PER_SM = 8  # fills the machine, evens out the tail
+
+
+def target_programs(props=None) -> int:
+    """Programs the default config aims for on `props` (`device.resolve`: None is the current GPU,
+    an H100 without one): `_PROGRAMS_PER_SM` per SM rounded down to a power of two (1056 -> 1024
+    on a 132-SM H100/H200, 864 -> 512 on a 108-SM A100)."""
+    wanted = _PROGRAMS_PER_SM * device.resolve(props).sm_count
+    return 1 << (wanted.bit_length() - 1)
 
 
 def _warps_for(tile: int, block_k: int, acc_per_thread: int) -> int:
@@ -279,19 +288,21 @@ def _num_programs(spec: ConvSpec, block_pix: int, block_k: int, sub_batch: int) 
             * triton.cdiv(max(spec.N, 1), sub_batch))
 
 
-def _default_sizes(spec: ConvSpec) -> Tuple[int, int, int]:
+def _default_sizes(spec: ConvSpec, props=None) -> Tuple[int, int, int]:
     """(block_pix, block_k, sub_batch) of the default config.
 
     A tile of up to 128 pixels; enough images that a small feature map still gives 256 (pixel,
     image) lanes; 16 channels (L1 reuse of the input tile, see the module docstring). Layers too
-    small to give `_TARGET_PROGRAMS` programs shrink the channel block (to 4), then the sub-batch.
+    small to give `target_programs(props)` programs shrink the channel block (to 4), then the
+    sub-batch.
     """
+    wanted = target_programs(props)
     block_pix = min(128, max(16, pow2_at_least(spec.P * spec.Q)))
     sub_batch = min(8, max(1, 256 // block_pix), pow2_at_least(max(spec.N, 1)))
     block_k = min(16, pow2_at_least(spec.K))
-    while block_k > 4 and _num_programs(spec, block_pix, block_k, sub_batch) < _TARGET_PROGRAMS:
+    while block_k > 4 and _num_programs(spec, block_pix, block_k, sub_batch) < wanted:
         block_k //= 2
-    while sub_batch > 1 and _num_programs(spec, block_pix, block_k, sub_batch) < _TARGET_PROGRAMS:
+    while sub_batch > 1 and _num_programs(spec, block_pix, block_k, sub_batch) < wanted:
         sub_batch //= 2
     return block_pix, block_k, sub_batch
 
@@ -304,7 +315,7 @@ def _chunked(spec: ConvSpec, block_pix: int, sub_batch: int, chunk: int, acc_per
     return DirectConfig(block_pix, 1, sub_batch, num_warps, 1, "chunk", chunk)
 
 
-def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> List[DirectConfig]:
+def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32, props=None) -> List[DirectConfig]:
     """Configs for the autotuner, heuristic default first; <= 14, distinct.
 
     First the "chunk" variant, faster than the one-step loop on the ResNet layers measured: one
@@ -313,8 +324,9 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> Lis
     (one channel, sbS = 4) for comparison;
     last the batch-innermost variant (`_batch_configs`) where the batch allows it.
     `dtype` does not change the list today (the kernel's cost is per load rather than per byte).
+    props: the GPU sized for (`target_programs`).
     """
-    pix, bk, sb = _default_sizes(spec)
+    pix, bk, sb = _default_sizes(spec, props)
     configs = [
         _chunked(spec, 128, 2, 8, 8),
         _chunked(spec, 64, 2, 8, 4),

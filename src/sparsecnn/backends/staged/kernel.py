@@ -46,7 +46,7 @@ from sparsecnn.backends.staged.source import (
     LANES_PER_POSITION,
     kernel_source,
 )
-from sparsecnn.core import toolchain
+from sparsecnn.core import device, toolchain
 from sparsecnn.core.batch_inner import new_output
 from sparsecnn.core.batch_pack import padded_batch_inner
 from sparsecnn.core.checks import (
@@ -61,10 +61,8 @@ from sparsecnn.core.cubin_loader import LazyKernels
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.core.toolchain import DiskCache
 
-MAX_SMEM_BYTES = 227 * 1024   # sm_90: dynamic shared memory per block
 _MAX_ACCUMULATORS = 128       # floats per thread; beyond this the accumulators spill
 _MAX_GRID_Y = 65535
-_SMS = 132              # H100 SXM / H200: sizes the candidates' grids
 _MIN_AUTO_OUTPUTS = 28 * 28 * 32   # output pixels x images below which `auto` tries staged only on deep layers
 _MIN_DEEP_OUTPUTS = 14 * 14 * 32   # ... and never below this
 _MIN_DEEP_REDUCTION = 4096         # C * R * S of a deep layer
@@ -127,42 +125,53 @@ class StagedConfig:
         return config_from_dict(cls, saved)
 
 
-def check_layer(spec: ConvSpec, config: StagedConfig) -> None:
-    """ValueError unless the kernel can run `spec` (groups and dilation 1 are the caller's) with `config`."""
+def max_smem_bytes(props=None) -> int:
+    """Dynamic shared memory a block may use on `props` (`device.resolve`: None is the current GPU,
+    an H100 without one, 227 KB): its opt-in maximum per block."""
+    return device.resolve(props).max_shared_per_block_optin
+
+
+def check_layer(spec: ConvSpec, config: StagedConfig, props=None) -> None:
+    """ValueError unless the kernel can run `spec` (groups and dilation 1 are the caller's) with
+    `config` on `props` (None: the current GPU)."""
     if spec.N % IMAGES:
         raise ValueError(f"the staged kernel needs a batch size N that is a multiple of {IMAGES}, got {spec.N}")
-    if config.smem_bytes(spec) > MAX_SMEM_BYTES:
+    limit = max_smem_bytes(props)
+    if config.smem_bytes(spec) > limit:
         raise ValueError(f"StagedConfig {config} needs {config.smem_bytes(spec)} bytes of shared memory for "
-                         f"{spec.R}x{spec.S} stride {spec.stride} (max {MAX_SMEM_BYTES}): lower chunk_c or the tile")
+                         f"{spec.R}x{spec.S} stride {spec.stride} (max {limit}): lower chunk_c or the tile")
     if spec.N // IMAGES > _MAX_GRID_Y:
         raise ValueError(f"batch {spec.N} needs more than {_MAX_GRID_Y} image blocks")
 
 
-def candidate_configs(spec: ConvSpec) -> List[StagedConfig]:
+def candidate_configs(spec: ConvSpec, props=None) -> List[StagedConfig]:
     """Configs for the autotuner, the heuristic default first: four tile and channel shapes, each
     with 8 warps per block, or 4 where the layer gives fewer than two blocks per SM, and the
     largest chunk_c (up to 16) whose two stages let `_WARPS_PER_SM` warps' blocks share an SM.
 
     On DLMC ResNet-50 and VGG layers, 4 x 4 pixels x 4 channels per warp won most large layers,
     2 x 4 x 8 and 2 x 4 x 4 the others; 1 x 4 pixels x 16 channels won none, and 2 warps per block
-    lost to 4 on every layer.
+    lost to 4 on every layer. props: the GPU sized for (None: the current one; its SM count and
+    shared memory per block).
     """
+    props = device.resolve(props)
+    limit, sms = max_smem_bytes(props), props.sm_count
     configs = []
     for tile_h, tile_w, rows_per_warp in ((4, 4, 4), (2, 4, 8), (2, 8, 4), (2, 4, 4)):
         warps = 8
-        if _blocks(spec, tile_h, tile_w, rows_per_warp * warps) < 2 * _SMS:
+        if _blocks(spec, tile_h, tile_w, rows_per_warp * warps) < 2 * sms:
             warps = 4
         blocks_per_sm = _WARPS_PER_SM // warps
         for chunk_c in (16, 8, 4, 2, 1):
             config = StagedConfig(tile_h, tile_w, chunk_c, rows_per_warp, warps)
-            if config.smem_bytes(spec) * blocks_per_sm <= MAX_SMEM_BYTES or chunk_c == 1:
+            if config.smem_bytes(spec) * blocks_per_sm <= limit or chunk_c == 1:
                 break
-        if config.smem_bytes(spec) <= MAX_SMEM_BYTES:
+        if config.smem_bytes(spec) <= limit:
             configs.append(config)
     return list(dict.fromkeys(configs))
 
 
-def auto_configs(spec: ConvSpec) -> List[StagedConfig]:
+def auto_configs(spec: ConvSpec, props=None) -> List[StagedConfig]:
     """The candidates `backend="auto"` tries: all of `candidate_configs` on layers of at least
     28 x 28 output pixels x 32 images, and on layers of 14 x 14 x 32 with a reduction C * R * S of
     at least 4096; none on the others. On DLMC ResNet-50 and VGG layers `staged` beat `direct` on
@@ -172,7 +181,7 @@ def auto_configs(spec: ConvSpec) -> List[StagedConfig]:
     run while tuning."""
     outputs = spec.P * spec.Q * spec.N
     deep = outputs >= _MIN_DEEP_OUTPUTS and spec.C * spec.R * spec.S >= _MIN_DEEP_REDUCTION
-    return candidate_configs(spec) if outputs >= _MIN_AUTO_OUTPUTS or deep else []
+    return candidate_configs(spec, props) if outputs >= _MIN_AUTO_OUTPUTS or deep else []
 
 
 def _blocks(spec: ConvSpec, tile_h: int, tile_w: int, rows_per_block: int) -> int:
@@ -180,22 +189,33 @@ def _blocks(spec: ConvSpec, tile_h: int, tile_w: int, rows_per_block: int) -> in
     return tiles * -(-spec.K // rows_per_block) * max(1, spec.N // IMAGES)
 
 
+def compiled_kernel(spec: ConvSpec, config: StagedConfig, arch=None) -> LazyKernels:
+    """The kernel for this geometry (only R, S and the stride of `spec` matter) and config, for
+    `arch` ("86", DeviceProperties; None: the current GPU's): its cubin from the disk cache (keyed
+    by source, toolchain and arch) or nvcc/ptxas."""
+    props = device.current() if arch is None else device.resolve(arch)
+    return _compiled_kernel(spec, config, _target_arch(props), props.max_shared_per_block_optin)
+
+
 @functools.lru_cache(maxsize=None)
-def compiled_kernel(spec: ConvSpec, config: StagedConfig) -> LazyKernels:
-    """The kernel for this geometry (only R, S and the stride of `spec` matter) and config: its
-    cubin from the disk cache (keyed by source and toolchain) or nvcc/ptxas."""
+def _target_arch(props: device.DeviceProperties) -> str:
+    return toolchain.target_arch(props)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_kernel(spec: ConvSpec, config: StagedConfig, arch: str, smem_limit: int) -> LazyKernels:
     source = kernel_source(spec, config)
     cache = DiskCache()
-    key = toolchain.cache_key("staged", source, toolchain.toolchain_id())
+    key = toolchain.cache_key("staged", source, toolchain.toolchain_id(arch))
     cubin = cache.get(key, "cubin")
     if cubin is None:
         with cache.exclusive(key):
             cubin = cache.get(key, "cubin")
             if cubin is None:
-                ptx, _ = toolchain.nvcc_ptx(source)
-                cubin, _, _ = toolchain.ptxas_cubin(ptx)
+                ptx, _ = toolchain.nvcc_ptx(source, arch)
+                cubin, _, _ = toolchain.ptxas_cubin(ptx, arch)
                 cache.put(key, "cubin", cubin)
-    return LazyKernels([cubin], KERNEL_NAME, MAX_SMEM_BYTES)
+    return LazyKernels([cubin], KERNEL_NAME, smem_limit)
 
 
 def _geometry(spec: ConvSpec) -> ConvSpec:
@@ -266,13 +286,14 @@ def shared_bytes(spec: ConvSpec, config: StagedConfig, max_segment: int) -> int:
 
 
 def _check_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torch.Tensor, channel: torch.Tensor,
-                  spec: ConvSpec, config: StagedConfig, max_segment: int) -> None:
+                  spec: ConvSpec, config: StagedConfig, max_segment: int, props=None) -> None:
     n_chunks = -(-spec.C // config.chunk_c)
     rows = channel.numel()
     blocks = rows // config.rows_per_block
-    if shared_bytes(spec, config, max_segment) > MAX_SMEM_BYTES:
+    limit = max_smem_bytes(props)
+    if shared_bytes(spec, config, max_segment) > limit:
         raise ValueError(f"StagedConfig {config} with up to {max_segment} non-zeros per block and chunk needs "
-                         f"{shared_bytes(spec, config, max_segment)} bytes of shared memory (max {MAX_SMEM_BYTES}):"
+                         f"{shared_bytes(spec, config, max_segment)} bytes of shared memory (max {limit}):"
                          f" lower chunk_c or rows per block")
     if (entries.dtype != torch.int32 or entries.dim() != 2 or entries.shape[1] != 2
             or chunk_ptr.dtype != torch.int32 or chunk_ptr.shape != (blocks, n_chunks, config.rows_per_block + 1)
@@ -308,8 +329,9 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
     if x.shape[1] != kernel_c:
         raise ValueError(f"x has {x.shape[1]} channels, the weight expects {kernel_c}")
     spec = launch_spec(tuple(x.shape), tuple(kernel_shape), (sh, sw), (ph, pw))
-    check_layer(spec, config)
-    _check_arrays(x, entries, chunk_ptr, channel, spec, config, max_segment)
+    props = device.of_index(x.device.index)
+    check_layer(spec, config, props)
+    _check_arrays(x, entries, chunk_ptr, channel, spec, config, max_segment, props)
     check_residual(residual, spec.output_shape, x)
     check_pool(pool, config, spec, residual is not None)
     out_shape = pooled_shape(spec.output_shape, pool)
@@ -328,7 +350,7 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
     if residual is not None and residual.stride() != out.stride():
         residual = torch.empty_like(out).copy_(residual)   # the epilogue reads it at out's offsets
     bias = None if bias is None else bias.contiguous()
-    compiled = compiled_kernel(_geometry(spec), config)
+    compiled = compiled_kernel(_geometry(spec), config, props)
     flags = epilogue_flags(relu, bias is not None, residual is not None, out_vectors, bool(pool))
     grid, ints = launch_geometry(spec, config, channel.numel(), chunk_ptr.shape[1], max_segment, out.stride(), flags)
     pointers = (xt.data_ptr(), entries.data_ptr(), chunk_ptr.data_ptr(), channel.data_ptr(),

@@ -141,7 +141,7 @@ def _pending(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias:
 UNROLLED = register_backend(Backend(
     name="unrolled",
     description="direct sparse convolution with the layer's weights as FMA immediates (PTX per layer), "
-                "batch-innermost activations, fp32 CUDA sm_90",
+                "batch-innermost activations, fp32 CUDA sm_80 and newer",
     dtypes={"cuda": (torch.float32,)},
     prepare=_prepare,
     bind=_bind,

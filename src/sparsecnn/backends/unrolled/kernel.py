@@ -180,13 +180,13 @@ def _generator_digest() -> str:
     return toolchain.cache_key(*(Path(module.__file__).read_bytes() for module in (unrolled_source, spec_module)))
 
 
-def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig) -> str:
+def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig, arch: str) -> str:
     """A kernel's cache key: the weight's bytes, the layer without its name, the tiling, the generator's
-    digest and the toolchain, not the PTX itself: writing the PTX is slow enough that loading an
+    digest and the toolchain and arch, not the PTX itself: writing the PTX is slow enough that loading an
     artefact would pay it for every layer."""
     layer = dataclasses.replace(spec, name="")
     return toolchain.cache_key("unrolled", weight.numpy().tobytes(), tuple(weight.shape), repr(layer), config.bk,
-                               config.threads, _generator_digest(), toolchain.toolchain_id())
+                               config.threads, _generator_digest(), toolchain.toolchain_id(arch))
 
 
 def layer_modules(weight: np.ndarray, config: UnrolledConfig,
@@ -198,17 +198,18 @@ def layer_modules(weight: np.ndarray, config: UnrolledConfig,
 
 
 def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
-                  cache: Optional[DiskCache] = None) -> CompiledUnrolled:
+                  cache: Optional[DiskCache] = None, arch=None) -> CompiledUnrolled:
     """The kernel of this layer (weight (K, C, R, S), zeros pruned, exact in float32) at spec's input
     shape: its modules' cubins from `cache` (default: the codegen disk cache; `_cache_key`) or ptxas,
     the missing modules compiled at once. The output layout is not compiled in (the launcher passes
-    strides)."""
+    strides). arch: the target ("86", DeviceProperties; None: the current GPU's, sm_90 without one)."""
+    arch = toolchain.target_arch(arch)
     weight = weight.detach().to("cpu", torch.float32).contiguous()
     check_layer(spec, config, int(torch.count_nonzero(weight)))
     start = time.perf_counter()
     cache = cache or DiskCache()
     modules = layer_modules(weight.numpy(), config)
-    key = _cache_key(weight, spec, config)
+    key = _cache_key(weight, spec, config, arch)
     suffixes = [f"{index}of{len(modules)}.cubin" for index in range(len(modules))]
     cubins = [cache.get(key, suffix) for suffix in suffixes]
     registers, spills = -1, 0
@@ -218,7 +219,7 @@ def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
             missing = [index for index, cubin in enumerate(cubins) if cubin is None]
             with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(missing), _COMPILE_THREADS))) as pool:
                 results = pool.map(lambda index: toolchain.ptxas_cubin(
-                    kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index])), missing)
+                    kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index], arch), arch), missing)
                 for index, (cubin, info, _) in zip(missing, results):
                     cubins[index] = cubin
                     registers = max(registers, info.registers)

@@ -39,7 +39,8 @@ import numpy as np
 from sparsecnn.core.spec import ConvSpec
 
 KERNEL_NAME = "sparsecnn_unrolled_conv"
-PTX_VERSION = "8.0"   # the driver of the device image takes at most ISA 9.0
+PTX_VERSION = "8.0"   # >= what sm_80..sm_90 need (7.0..7.8); CUDA 12.0+ drivers take it
+DEFAULT_ARCH = "90"   # the target when none is given (an H100/H200)
 _LOAD_REGISTERS = 16   # rotating load destinations (ptxas renames anyway)
 
 
@@ -110,8 +111,9 @@ def split_groups(weight: np.ndarray, groups: Sequence[Sequence[int]], max_fmas: 
 
 
 class _Writer:
-    def __init__(self, weight: np.ndarray, spec: ConvSpec, groups: Sequence[Sequence[int]], threads: int):
-        self.weight, self.spec, self.groups, self.threads = weight, spec, groups, threads
+    def __init__(self, weight: np.ndarray, spec: ConvSpec, groups: Sequence[Sequence[int]], threads: int,
+                 arch: str = DEFAULT_ARCH):
+        self.weight, self.spec, self.groups, self.threads, self.arch = weight, spec, groups, threads, arch
         self.lines: List[str] = []
 
     def emit(self, *lines: str) -> None:
@@ -119,7 +121,7 @@ class _Writer:
 
     def source(self) -> str:
         groups = self.groups
-        self.emit(f".version {PTX_VERSION}", ".target sm_90", ".address_size 64", "")
+        self.emit(f".version {PTX_VERSION}", f".target sm_{self.arch}", ".address_size 64", "")
         for index, group in enumerate(groups):
             self._group_function(index, group)
         self.emit(f".visible .entry {KERNEL_NAME}(.param .u64 p_x, .param .u64 p_bias, .param .u64 p_res, "
@@ -189,11 +191,12 @@ class _Writer:
 
 
 def kernel_ptx(weight: np.ndarray, spec: ConvSpec, bk: int, threads: int,
-               groups: Optional[Sequence[Sequence[int]]] = None) -> str:
+               groups: Optional[Sequence[Sequence[int]]] = None, arch: str = DEFAULT_ARCH) -> str:
     """PTX of the kernel for one layer: weight (K, C, R, S) float32 (zeros pruned), spec the layer at
     its input shape; groups: the channel groups this module computes, blockIdx.y indexing them
-    (default: `channel_groups(weight, bk)`, the whole layer in one module)."""
+    (default: `channel_groups(weight, bk)`, the whole layer in one module); arch: the `.target`
+    ("90": sm_90; plain fp32 PTX, nothing arch-specific)."""
     if tuple(weight.shape) != spec.weight_shape:
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match the layer's {spec.weight_shape}")
     weight = np.ascontiguousarray(weight, dtype=np.float32)
-    return _Writer(weight, spec, channel_groups(weight, bk) if groups is None else groups, threads).source()
+    return _Writer(weight, spec, channel_groups(weight, bk) if groups is None else groups, threads, arch).source()
