@@ -53,7 +53,7 @@ from sparsecnn.backends.blocks.format import BlockParams, extract_blocks
 from sparsecnn.models import build_model
 from sparsecnn.prune.methods import get_method, training_batches
 from sparsecnn.prune.reprune import reprune_, reprune_layer
-from sparsecnn.prune.training import accuracy, train_epochs
+from sparsecnn.prune.training import TrainConfig, accuracy, train_epochs
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 CONVS = ("conv1", "conv2")
@@ -89,22 +89,23 @@ def study_seed(seed: int, split: DigitsSplit, args, record) -> tuple:
     test = Batches(split.test_x, split.test_y, 512)
     model = build_model("lenet5").to(args.device)
     train = Batches(split.train_x, split.train_y, 64, shuffle=True, seed=seed)
-    train_epochs(model, train, args.dense_epochs, lr=args.lr, seed=seed, description="dense")
+    train_epochs(model, train, TrainConfig(args.dense_epochs, args.lr, seed=seed), description="dense")
     record(seed, "dense", None, accuracy(model, test), {})
     masks = get_method("magnitude")(model, split, args.sparsity, seed=seed, epochs=args.finetune_epochs,
                                     lr=args.finetune_lr)
     params = BlockParams(t2=args.t2)
     record(seed, "pruned", None, accuracy(model, test), conv_structure(model, masks, params))
     control = copy.deepcopy(model)
-    train_epochs(control, training_batches(control, split, seed=seed), args.retrain_epochs, lr=args.retrain_lr,
-                 masks=masks, seed=seed, description="retrain")
+    train_epochs(control, training_batches(control, split, seed=seed), TrainConfig(args.retrain_epochs, args.retrain_lr,
+                 seed=seed), masks=masks, description="retrain")
     record(seed, "pruned+retrain", None, accuracy(control, test), conv_structure(control, masks, params))
     for b3 in args.b3:
         repruned = copy.deepcopy(model)
         _, retrain_masks, layers = reprune_(repruned, masks, b3, params)
         before_retrain = accuracy(repruned, test)
-        train_epochs(repruned, training_batches(repruned, split, seed=seed), args.retrain_epochs,
-                     lr=args.retrain_lr, masks=retrain_masks, seed=seed, description="retrain")
+        train_epochs(repruned, training_batches(repruned, split, seed=seed),
+                     TrainConfig(args.retrain_epochs, args.retrain_lr, seed=seed), masks=retrain_masks,
+                     description="retrain")
         for name, stats in layers.items():
             stats["nnz_retrained"] = int(torch.count_nonzero(dict(repruned.named_modules())[name].weight))
         record(seed, "reprune", b3, accuracy(repruned, test), layers, accuracy_before_retrain=before_retrain)

@@ -6,21 +6,25 @@ import torch
 
 import sparsecnn
 from sparsecnn.cli import main
-from sparsecnn.data import DigitsSplit, load_digits_split
+from sparsecnn.data import Batches, DigitsSplit, load_digits_split
 from sparsecnn.models import build_model
 from sparsecnn.prune import (
+    TrainConfig,
     layer_sparsities,
     load_pruned,
     method_names,
     polynomial_sparsity,
     project_onto_sparsity,
+    prune_and_finetune,
     prune_with,
     pruned_layers,
     register_method,
     save_pruned,
+    top1_evaluator,
+    train_epochs,
 )
 from sparsecnn.prune import methods as methods_module
-from sparsecnn.prune.methods import top1_accuracy, train_dense_
+from sparsecnn.prune.methods import top1_accuracy, train_dense_, training_batches
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +189,84 @@ def test_cli_prune_writes_a_checkpoint_that_loads_and_continues(tmp_path, capsys
 def test_cli_prune_bad_arguments_are_clear_errors(argv, message, tmp_path, capsys):
     assert main(["prune", "lenet5", "-o", str(tmp_path / "x.pt"), "--epochs", "0", "--device", "cpu"] + argv) == 2
     assert message in capsys.readouterr().err
+
+
+# prune_and_finetune: any model, any DataLoader, any loss (issue 34, item 1).
+
+def _autoencoder():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(8, 1, 3, padding=1))
+
+
+def _reconstruction_loss(model, batch):
+    (images,) = batch
+    return torch.nn.functional.mse_loss(model(images), images)
+
+
+@pytest.fixture(scope="module")
+def autoencoder_data(digits):
+    """A trained conv autoencoder of 14x14 digits and a DataLoader of image-only batches."""
+    images = torch.nn.functional.avg_pool2d(digits.train_x[:384], 2)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images), batch_size=32, shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
+    model = _autoencoder()
+    train_epochs(model, loader, TrainConfig(epochs=3, lr=0.05), _reconstruction_loss)
+    return model, loader, images
+
+
+@pytest.mark.parametrize("method, options", [("magnitude", {}), ("gradual", dict(prune_epochs=2, prune_every=4))])
+def test_prune_and_finetune_a_non_classifier_with_its_own_loss(method, options, autoencoder_data):
+    dense, loader, images = autoencoder_data
+
+    def evaluate(model):
+        with torch.no_grad():
+            return _reconstruction_loss(model.eval(), (images,)).item()
+
+    one_shot = copy.deepcopy(dense)
+    prune_and_finetune(one_shot, 0.5, loader, loss=_reconstruction_loss, train=TrainConfig(epochs=0))
+    model = copy.deepcopy(dense)
+    masks, report = prune_and_finetune(model, 0.5, loader, method=method, loss=_reconstruction_loss,
+                                       train=TrainConfig(epochs=3, lr=0.02, seed=1), evaluate=evaluate, **options)
+    assert sorted(masks) == ["0", "2", "4"] and report["method"] == method
+    for name, mask in masks.items():
+        assert mask.sum().item() == round(0.5 * mask.numel())
+        assert torch.equal(model.get_submodule(name).weight != 0, mask)
+    assert report["sparsity"] == pytest.approx({"0": 0.5, "2": 0.5, "4": 0.5}, abs=1e-6)
+    assert report["metric_before"] == pytest.approx(evaluate(dense))
+    assert report["metric"] == evaluate(model) < evaluate(one_shot)
+    assert report["loss"] > 0
+
+
+def test_prune_and_finetune_on_digits_is_the_magnitude_method(dense_lenet, small_split):
+    """The registered digits method is one use of prune_and_finetune: the same weights, bit for bit."""
+    by_method, direct = copy.deepcopy(dense_lenet[0]), copy.deepcopy(dense_lenet[0])
+    masks = prune_with("magnitude", by_method, small_split, 0.9, seed=3, epochs=1)
+    test = Batches(small_split.test_x, small_split.test_y, 512)
+    direct_masks, report = prune_and_finetune(direct, 0.9, training_batches(direct, small_split, 64, seed=3),
+                                              train=TrainConfig(epochs=1, seed=3), evaluate=top1_evaluator(test))
+    assert all(torch.equal(masks[name], direct_masks[name]) for name in masks)
+    for a, b in zip(by_method.parameters(), direct.parameters()):
+        assert torch.equal(a, b)
+    assert report["metric"] == top1_accuracy(direct, small_split)
+
+
+def test_prune_and_finetune_rejects_unknown_methods_options_and_one_shot_batches(small_split):
+    model, batches = build_model("lenet5"), [(small_split.train_x[:8], small_split.train_y[:8])]
+    with pytest.raises(ValueError, match="unknown method 'admm'"):
+        prune_and_finetune(model, 0.5, batches, method="admm")
+    with pytest.raises(TypeError, match="no option 'prune_every'"):
+        prune_and_finetune(model, 0.5, batches, prune_every=3)
+    with pytest.raises(TypeError, match="batches must be re-iterable"):
+        prune_and_finetune(model, 0.5, iter(batches))
+    with pytest.raises(TypeError, match="batches must have a length"):
+        prune_and_finetune(model, 0.5, _Unsized(batches), method="gradual")
+
+
+class _Unsized:
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)

@@ -17,7 +17,7 @@ from sparsecnn.prune.quantize import (
     quantize_fp16,
     quantize_kmeans,
 )
-from sparsecnn.prune.training import accuracy, train_epochs
+from sparsecnn.prune.training import TrainConfig, accuracy, train_epochs
 
 
 def pruned_net(seed: int = 0) -> nn.Sequential:
@@ -99,7 +99,7 @@ def test_kmeans_codebook_has_at_most_16_values_and_keeps_zeros(centroid_bits):
 def test_fp16_keeps_lenet5_digits_accuracy():
     split = load_digits_split((1, 28, 28), seed=0)
     model = build_model("lenet5")
-    train_epochs(model, Batches(split.train_x[:600], split.train_y[:600], 64, shuffle=True), epochs=2, lr=0.02)
+    train_epochs(model, Batches(split.train_x[:600], split.train_y[:600], 64, shuffle=True), TrainConfig(epochs=2, lr=0.02))
     test = Batches(split.test_x, split.test_y, 512)
     quantized, report = quantize_fp16(model)
     assert accuracy(model, test) > 80

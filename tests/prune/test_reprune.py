@@ -20,7 +20,7 @@ from sparsecnn.prune.reprune import (
     reprune_,
     reprune_layer,
 )
-from sparsecnn.prune.training import train_epochs
+from sparsecnn.prune.training import TrainConfig, train_epochs
 
 SMALL_BLOCKS = BlockParams(t1=4, t2=3, b1=3, b2=3, partitioner="jaccard")
 
@@ -187,7 +187,7 @@ def test_reprune_lenet5_then_retrain_keeps_masks(small_digits):
     model = build_model("lenet5")
     train = Batches(small_digits.train_x, small_digits.train_y, 64, shuffle=True)
     masks = {name: magnitude_mask(getattr(model, name).weight, 0.9) for name in ("conv1", "conv2", "fc1")}
-    train_epochs(model, train, epochs=1, lr=0.02, masks=masks)
+    train_epochs(model, train, TrainConfig(epochs=1, lr=0.02), masks=masks)
     new_masks, retrain_masks, report = reprune_(model, masks, 0.2, BlockParams(t2=4))
     assert set(report) == {"conv1", "conv2"} and new_masks["fc1"] is masks["fc1"]
     for name in ("conv1", "conv2"):
@@ -196,7 +196,7 @@ def test_reprune_lenet5_then_retrain_keeps_masks(small_digits):
         assert torch.equal(weight != 0, new_masks[name])
         assert report[name]["nnz_after"] < report[name]["nnz_before"]
     assert report["conv2"]["num_blocks"] > 0
-    train_epochs(model, train, epochs=1, lr=0.01, masks=retrain_masks)
+    train_epochs(model, train, TrainConfig(epochs=1, lr=0.01), masks=retrain_masks)
     for name in ("conv1", "conv2"):
         assert not (getattr(model, name).weight[~retrain_masks[name]]).any()
     # Zeros inside dense blocks are trainable: re-training fills them in.

@@ -5,19 +5,22 @@ from sparsecnn.prune.dlmc import apply_dlmc_, dlmc_layer_mask, dlmc_root, dlmc_s
 from sparsecnn.prune.evolutionary import EvolutionSettings, evolutionary_prune_
 from sparsecnn.prune.gradual import gradual_prune_, polynomial_sparsity
 from sparsecnn.prune.magnitude import (absorb_torch_prune_, magnitude_mask, masks_from_weights, prunable_layers, prune_magnitude_)
-from sparsecnn.prune.methods import get_method, method_names, prune_with, register_method
+from sparsecnn.prune.methods import get_method, method_names, prune_and_finetune, prune_with, register_method
 from sparsecnn.prune.quantize import QUANTIZERS
 from sparsecnn.prune.report import format_sparsity_report, sparsity_report
 from sparsecnn.prune.reprune import benefits, knapsack, reprune_, reprune_layer
 from sparsecnn.prune.targets import layer_sparsities, pruned_layers
+from sparsecnn.prune.training import TrainConfig, classification_loss, top1_evaluator, train_epochs
 
 __all__ = [
     "EvolutionSettings",
+    "TrainConfig",
     "QUANTIZERS",
     "absorb_torch_prune_",
     "admm_prune_",
     "apply_dlmc_",
     "benefits",
+    "classification_loss",
     "dlmc_layer_mask",
     "dlmc_root",
     "dlmc_sets",
@@ -36,6 +39,7 @@ __all__ = [
     "project_onto_sparsity",
     "prunable_layers",
     "prune_magnitude_",
+    "prune_and_finetune",
     "prune_with",
     "pruned_layers",
     "register_method",
@@ -43,4 +47,6 @@ __all__ = [
     "reprune_layer",
     "save_pruned",
     "sparsity_report",
+    "top1_evaluator",
+    "train_epochs",
 ]

@@ -26,7 +26,14 @@ from torch import nn
 
 from sparsecnn.prune.magnitude import Masks, magnitude_mask
 from sparsecnn.prune.targets import SparsityTarget, layer_sparsities
-from sparsecnn.prune.training import Batch, apply_masks_, train_epochs
+from sparsecnn.prune.training import (
+    Loss,
+    TrainConfig,
+    apply_masks_,
+    batch_count,
+    classification_loss,
+    train_epochs,
+)
 
 
 def project_onto_sparsity(tensor: torch.Tensor, sparsity: float) -> torch.Tensor:
@@ -60,20 +67,20 @@ class _AdmmState:
         self.rho *= rho_growth
 
 
-def admm_prune_(model: nn.Module, batches: Iterable[Batch], sparsity: SparsityTarget, *,
+def admm_prune_(model: nn.Module, batches: Iterable, sparsity: SparsityTarget, *,
                 admm_epochs: int = 12, finetune_epochs: int = 6, lr: float = 0.01,
                 finetune_lr: float = 0.01, rho: float = 1.0, rho_growth: float = 1.2,
-                seed: int = 0, progress: bool = False) -> Masks:
+                seed: int = 0, progress: bool = False, loss: Loss = classification_loss) -> Masks:
     """Prune the trained `model` in place by ADMM, then fine-tune it with the masks fixed.
 
-    batches: sized iterable of (x, y) training batches (x float on the model's device, y int64);
-    one ADMM epoch is one pass. sparsity: fraction of zero weights, one float for the default
+    batches: sized, re-iterable training batches (a list, `data.Batches`, a DataLoader), each one
+    passed to `loss(model, batch)` (default: cross-entropy of (x, y)); one ADMM epoch is one pass. sparsity: fraction of zero weights, one float for the default
     layers (`targets.pruned_layers`) or {module path: fraction}. rho starts at `rho` and is
     multiplied by `rho_growth` after each of the `admm_epochs` epochs. Learning rates are SGD's
     (momentum 0.9, cosine decay within each phase). Returns {module path: bool mask}; each layer keeps
     exactly round((1 - s) * numel) weights.
     """
-    if not hasattr(batches, "__len__"):
+    if batch_count(batches) is None:
         raise TypeError("batches must have a length: ADMM updates Z and U once per pass over them")
     if rho <= 0 or rho_growth < 1:
         raise ValueError(f"need rho > 0 and rho_growth >= 1, got rho={rho!r}, rho_growth={rho_growth!r}")
@@ -86,10 +93,10 @@ def admm_prune_(model: nn.Module, batches: Iterable[Batch], sparsity: SparsityTa
         if (step + 1) % steps_per_epoch == 0:
             state.update(rho_growth)
 
-    train_epochs(model, batches, admm_epochs, lr=lr, seed=seed, extra_loss=state.penalty,
-                 step_hook=end_of_epoch, progress=progress, description="admm")
+    train_epochs(model, batches, TrainConfig(admm_epochs, lr, seed=seed, progress=progress), loss,
+                 extra_loss=state.penalty, step_hook=end_of_epoch, description="admm")
     masks = {name: magnitude_mask(modules[name].weight, target) for name, target in targets.items()}
     apply_masks_(model, masks)
-    train_epochs(model, batches, finetune_epochs, lr=finetune_lr, masks=masks, seed=seed + 1,
-                 progress=progress, description="admm fine-tune")
+    train_epochs(model, batches, TrainConfig(finetune_epochs, finetune_lr, seed=seed + 1, progress=progress),
+                 loss, masks=masks, description="admm fine-tune")
     return masks

@@ -33,7 +33,7 @@ from torch import nn
 from sparsecnn.data import Batches
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.targets import SparsityTarget, layer_sparsities
-from sparsecnn.prune.training import accuracy, apply_masks_, train_epochs
+from sparsecnn.prune.training import TrainConfig, accuracy, apply_masks_, train_epochs
 
 KeepCounts = Dict[str, int]
 
@@ -246,8 +246,8 @@ def evolutionary_prune_(model: nn.Module, split, sparsity: SparsityTarget, *, se
         raise ValueError(f"sparsity must be in [0, max_layer_sparsity={config.max_layer_sparsity}], got {sparsity!r}")
     search = _Search(model, split, sparsity, config, seed)
     search.run(progress)
-    train_epochs(model, search.train, config.final_epochs, config.lr, search.masks, seed=seed + 1,
-                 progress=progress, description="evolutionary final retraining")
+    train_epochs(model, search.train, TrainConfig(config.final_epochs, config.lr, seed=seed + 1, progress=progress),
+                 masks=search.masks, description="evolutionary final retraining")
     return {name: mask.clone() for name, mask in search.masks.items()}
 
 
@@ -328,8 +328,9 @@ class _Search:
                 sums[name] += self.modules[name].weight.grad.float()
             steps[0] += 1
 
-        train_epochs(self.model, self.train, self.config.retrain_epochs, self.config.lr, self.masks,
-                     seed=self.seed + iteration, step_hook=record)
+        train_epochs(self.model, self.train, TrainConfig(self.config.retrain_epochs, self.config.lr,
+                                                         seed=self.seed + iteration),
+                     masks=self.masks, step_hook=record)
         self.mean_gradients = {name: total / max(steps[0], 1) for name, total in sums.items()}
 
     def _sample_layers(self) -> List[str]:

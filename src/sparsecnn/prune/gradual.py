@@ -7,14 +7,20 @@ ends at exactly s_f; a fine-tuning phase with the masks fixed follows.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable
+from typing import Dict, Iterable, Tuple
 
 import torch
 from torch import nn
 
 from sparsecnn.prune.magnitude import Masks, _check_sparsity, magnitude_mask
 from sparsecnn.prune.targets import SparsityTarget, layer_sparsities
-from sparsecnn.prune.training import Batch, train_epochs
+from sparsecnn.prune.training import (
+    Loss,
+    TrainConfig,
+    batch_count,
+    classification_loss,
+    train_epochs,
+)
 
 
 def polynomial_sparsity(step: int, total_steps: int, final_sparsity: float,
@@ -36,26 +42,40 @@ def _remask_(weights: Dict[str, torch.Tensor], masks: Masks, sparsities: Dict[st
         weight.mul_(masks[name])
 
 
-def gradual_prune_(model: nn.Module, batches: Iterable[Batch], sparsity: SparsityTarget, *,
+def gradual_prune_(model: nn.Module, batches: Iterable, sparsity: SparsityTarget, *,
                    prune_epochs: int = 8, finetune_epochs: int = 6, prune_every: int = 10,
                    initial_sparsity: float = 0.0, lr: float = 0.01, finetune_lr: float = 0.01,
-                   seed: int = 0, progress: bool = False) -> Masks:
+                   seed: int = 0, progress: bool = False, loss: Loss = classification_loss) -> Masks:
     """Prune the trained `model` in place on the cubic schedule, then fine-tune with masks fixed.
 
-    batches: sized iterable of (x, y) training batches. sparsity: fraction of zero weights, one
-    float for the default layers (`targets.pruned_layers`) or {module path: fraction}; every layer
-    starts at `initial_sparsity` (capped at its target) and reaches its target after `prune_epochs`
-    passes, re-masked every `prune_every` optimiser steps. Returns {module path: bool mask}; each
-    layer keeps exactly round((1 - s) * numel) weights.
+    batches: sized, re-iterable training batches (a list, `data.Batches`, a DataLoader), each one
+    passed to `loss(model, batch)` (default: cross-entropy of (x, y)). sparsity: fraction of zero
+    weights, one float for the default layers (`targets.pruned_layers`) or {module path: fraction};
+    every layer starts at `initial_sparsity` (capped at its target) and reaches its target after
+    `prune_epochs` passes, re-masked every `prune_every` optimiser steps. Returns {module path: bool
+    mask}; each layer keeps exactly round((1 - s) * numel) weights.
     """
-    if not hasattr(batches, "__len__"):
+    prune = TrainConfig(prune_epochs, lr, seed=seed, progress=progress)
+    finetune = TrainConfig(finetune_epochs, finetune_lr, seed=seed + 1, progress=progress)
+    return gradual_phases_(model, batches, sparsity, prune, finetune, loss=loss, prune_every=prune_every,
+                           initial_sparsity=initial_sparsity)[0]
+
+
+def gradual_phases_(model: nn.Module, batches: Iterable, sparsity: SparsityTarget, prune: TrainConfig,
+                    finetune: TrainConfig, *, loss: Loss = classification_loss, prune_every: int = 10,
+                    initial_sparsity: float = 0.0) -> Tuple[Masks, float]:
+    """`gradual_prune_` with each phase's training settings as a `TrainConfig` (`prune.epochs`
+    passes of pruning on the schedule, then `finetune`); returns (masks, mean loss of the last
+    fine-tuning epoch, nan without one)."""
+    steps_per_epoch = batch_count(batches)
+    if steps_per_epoch is None:
         raise TypeError("batches must have a length: the schedule is laid out over prune_epochs passes")
     if prune_every < 1:
         raise ValueError(f"prune_every must be >= 1, got {prune_every}")
     targets = layer_sparsities(model, sparsity)
     modules = dict(model.named_modules())
     weights = {name: modules[name].weight for name in targets}
-    total_steps = max(prune_epochs * len(batches), 1)
+    total_steps = max(prune.epochs * steps_per_epoch, 1)
 
     def at_step(done: int) -> Dict[str, float]:
         return {name: polynomial_sparsity(done, total_steps, target, min(initial_sparsity, target))
@@ -69,9 +89,7 @@ def gradual_prune_(model: nn.Module, batches: Iterable[Batch], sparsity: Sparsit
         if done % prune_every == 0 or done == total_steps:
             _remask_(weights, masks, at_step(done))
 
-    train_epochs(model, batches, prune_epochs, lr=lr, masks=masks, seed=seed,
-                 step_hook=remask_on_schedule, progress=progress, description="gradual")
+    train_epochs(model, batches, prune, loss, masks=masks, step_hook=remask_on_schedule, description="gradual")
     _remask_(weights, masks, at_step(total_steps))
-    train_epochs(model, batches, finetune_epochs, lr=finetune_lr, masks=masks, seed=seed + 1,
-                 progress=progress, description="gradual fine-tune")
-    return masks
+    last_loss = train_epochs(model, batches, finetune, loss, masks=masks, description="gradual fine-tune")
+    return masks, last_loss

@@ -8,21 +8,35 @@ the method's own; the built-in ones take `epochs` (None: the tuned default; an i
 each of its training phases, what `sparsecnn prune --finetune-epochs` sets) and `batch_size`.
 It returns {module path: bool mask} and leaves every weight outside its mask at exactly zero.
 Adding one: `register_method("name", fn)`.
+
+`prune_and_finetune` is the entry for any model, any re-iterable batches (a
+`torch.utils.data.DataLoader`) and any loss `(model, batch) -> tensor`; the digits "magnitude"
+method is one call of it, "gradual" shares its loop (`gradual.gradual_phases_`). "admm" takes a
+`loss` through `admm_prune_`; "evolutionary" and "reprune" still take a digits split.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from torch import nn
 
 from sparsecnn.data import Batches
 from sparsecnn.prune.admm import admm_prune_
 from sparsecnn.prune.evolutionary import evolutionary_prune_
-from sparsecnn.prune.gradual import gradual_prune_
+from sparsecnn.prune.gradual import gradual_phases_, gradual_prune_
 from sparsecnn.prune.magnitude import Masks, magnitude_mask
 from sparsecnn.prune.reprune import reprune_method
 from sparsecnn.prune.targets import SparsityTarget, layer_sparsities, pruned_layers
-from sparsecnn.prune.training import accuracy, apply_masks_, train_epochs
+from sparsecnn.prune.training import (
+    Evaluate,
+    Loss,
+    TrainConfig,
+    accuracy,
+    apply_masks_,
+    check_reiterable,
+    classification_loss,
+    train_epochs,
+)
 
 PruneMethod = Callable[..., Masks]
 _METHODS: Dict[str, PruneMethod] = {}
@@ -66,8 +80,8 @@ def training_batches(model: nn.Module, split, batch_size: int = 64, seed: int = 
 def train_dense_(model: nn.Module, split, epochs: int = 8, lr: float = 0.02, seed: int = 0,
                  batch_size: int = 64, progress: bool = False) -> None:
     """Train `model` on the split's training part without masks (the dense starting point)."""
-    train_epochs(model, training_batches(model, split, batch_size, seed), epochs, lr=lr, seed=seed,
-                 progress=progress, description="dense")
+    train_epochs(model, training_batches(model, split, batch_size, seed),
+                 TrainConfig(epochs, lr, seed=seed, progress=progress), description="dense")
 
 
 def top1_accuracy(model: nn.Module, split, batch_size: int = 512) -> float:
@@ -84,13 +98,8 @@ def magnitude_method(model: nn.Module, split, sparsity: SparsityTarget, seed: in
                      epochs: Optional[int] = None, batch_size: int = 64, lr: float = 0.01) -> Masks:
     """One-shot magnitude pruning of each layer to its target, then `epochs` (default 8) of masked
     fine-tuning."""
-    modules = dict(model.named_modules())
-    masks = {name: magnitude_mask(modules[name].weight, target)
-             for name, target in layer_sparsities(model, sparsity).items()}
-    apply_masks_(model, masks)
-    train_epochs(model, training_batches(model, split, batch_size, seed), _phase(epochs, 8), lr=lr,
-                 masks=masks, seed=seed, progress=progress, description="magnitude fine-tune")
-    return masks
+    train = TrainConfig(_phase(epochs, 8), lr, seed=seed, progress=progress)
+    return prune_and_finetune(model, sparsity, training_batches(model, split, batch_size, seed), train=train)[0]
 
 
 def gradual_method(model: nn.Module, split, sparsity: SparsityTarget, seed: int = 0, progress: bool = False,
@@ -111,11 +120,69 @@ def admm_method(model: nn.Module, split, sparsity: SparsityTarget, seed: int = 0
                        progress=progress, **options)
 
 
+FINETUNE_METHODS = ("magnitude", "gradual")
+
+
+def prune_and_finetune(model: nn.Module, sparsity: SparsityTarget, batches: Iterable, *, method: str = "magnitude",
+                       loss: Loss = classification_loss, train: TrainConfig = TrainConfig(),
+                       evaluate: Optional[Evaluate] = None, **options) -> Tuple[Masks, dict]:
+    """Prune `model` in place to `sparsity` and fine-tune it on `batches` with `loss`.
+
+    model: any trained `nn.Module` (its device is the training device). sparsity: one float for
+    `targets.pruned_layers(model)` (every conv and linear layer but the last) or {module path:
+    fraction}. batches: re-iterable, e.g. a `torch.utils.data.DataLoader` (without a length too,
+    for "magnitude"), streamed batch by batch each epoch; tensors in a batch are moved to the
+    model's device. loss: `(model, batch) -> scalar tensor`; the default is the cross-entropy of
+    `model(x)` against `y` for (x, y) batches. train: the SGD settings (`TrainConfig`).
+    evaluate: `model -> float` (e.g. `top1_evaluator(validation_loader)`), called before and after.
+
+    method "magnitude": one-shot magnitude masks, then `train.epochs` of masked fine-tuning.
+    method "gradual": `gradual_prune_`'s cubic schedule over `prune_epochs` (option; default
+    `train.epochs`) passes of `train`, re-masking every `prune_every` (option, 10) steps from
+    `initial_sparsity` (option, 0), then `train.epochs` of fine-tuning with seed `train.seed + 1`;
+    it needs `len(batches)`.
+
+    Returns (masks {module path: bool tensor}, report {"method", "sparsity": {module path:
+    measured fraction of zeros}, "loss": mean loss of the last fine-tuning epoch (nan for 0
+    epochs), and with `evaluate` "metric_before" and "metric"}). Every layer keeps exactly
+    round((1 - s) * numel) weights.
+    """
+    if method not in FINETUNE_METHODS:
+        raise ValueError(f"prune_and_finetune: unknown method {method!r}; expected one of {', '.join(FINETUNE_METHODS)}")
+    if not isinstance(train, TrainConfig):
+        raise TypeError(f"train must be a TrainConfig, got {type(train).__name__}")
+    allowed = {"magnitude": set(), "gradual": {"prune_epochs", "prune_every", "initial_sparsity"}}[method]
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise TypeError(f"prune_and_finetune: method {method!r} takes no option {', '.join(map(repr, unknown))}"
+                        + (f"; its options are {', '.join(sorted(allowed))}" if allowed else ""))
+    targets = layer_sparsities(model, sparsity)  # bad targets fail here, before any training
+    check_reiterable(batches)
+    report: dict = {"method": method}
+    if evaluate is not None:
+        report["metric_before"] = float(evaluate(model))
+    if method == "magnitude":
+        modules = dict(model.named_modules())
+        masks = {name: magnitude_mask(modules[name].weight, target) for name, target in targets.items()}
+        apply_masks_(model, masks)
+        report["loss"] = train_epochs(model, batches, train, loss, masks=masks, description="magnitude fine-tune")
+    else:
+        prune = train.replace(epochs=options.pop("prune_epochs", train.epochs))
+        masks, report["loss"] = gradual_phases_(model, batches, sparsity, prune, train.replace(seed=train.seed + 1),
+                                                loss=loss, **options)
+    modules = dict(model.named_modules())
+    report["sparsity"] = {name: 1.0 - modules[name].weight.count_nonzero().item() / modules[name].weight.numel()
+                          for name in masks}
+    if evaluate is not None:
+        report["metric"] = float(evaluate(model))
+    return masks, report
+
+
 register_method("magnitude", magnitude_method)
 register_method("gradual", gradual_method)
 register_method("admm", admm_method)
 register_method("evolutionary", evolutionary_prune_)
 register_method("reprune", reprune_method)
 
-__all__ = ["PruneMethod", "get_method", "method_names", "prune_with", "pruned_layers", "register_method",
-           "top1_accuracy", "train_dense_", "training_batches"]
+__all__ = ["PruneMethod", "get_method", "method_names", "prune_and_finetune", "prune_with", "pruned_layers",
+           "register_method", "top1_accuracy", "train_dense_", "training_batches"]

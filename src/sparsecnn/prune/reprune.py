@@ -50,7 +50,7 @@ from sparsecnn.backends.blocks.format import (
 )
 from sparsecnn.core.csr import CSRWeight
 from sparsecnn.prune.magnitude import Masks
-from sparsecnn.prune.training import train_epochs
+from sparsecnn.prune.training import TrainConfig, train_epochs
 
 C1 = 1.0  # time to write one output row (paper 000, Sec. 5.2: C1 = C2 = 1)
 C2 = 1.0  # time to read one input row
@@ -425,6 +425,7 @@ def reprune_method(model: nn.Module, split, sparsity, seed: int = 0, progress: b
     masks = get_method("magnitude")(model, split, sparsity, seed=seed, progress=progress, epochs=epochs,
                                     batch_size=batch_size, lr=lr)
     _, retrain_masks, _ = reprune_(model, masks, b3, BlockParams(t2=t2))
-    train_epochs(model, training_batches(model, split, batch_size, seed), retrain_epochs, lr=lr,
-                 masks=retrain_masks, seed=seed, progress=progress, description="reprune re-train")
+    train_epochs(model, training_batches(model, split, batch_size, seed),
+                 TrainConfig(retrain_epochs, lr, seed=seed, progress=progress), masks=retrain_masks,
+                 description="reprune re-train")
     return retrain_masks

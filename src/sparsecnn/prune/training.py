@@ -1,12 +1,22 @@
 """A small seeded training loop with masks kept: the fine-tuning step of every pruning method.
 
+It takes any model, any re-iterable source of batches (a `torch.utils.data.DataLoader`, with or
+without a length, or a list or `data.Batches`), and a loss callable `(model, batch) -> scalar
+tensor`; the default, `classification_loss`, is the cross-entropy of `model(x)` against `y` for
+(x, y) batches. Batches are streamed: each epoch iterates the source afresh and holds one batch at
+a time. Tensors in a batch (also inside tuples, lists and dicts) are moved to the model's device.
+
 Masks follow the pruning contract: {module path: bool tensor shaped like that module's weight},
 True where the weight may be non-zero. After every optimiser step the masked weights are zeroed
 again, so a pruned model stays exactly as sparse as its masks.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Optional, Tuple
+import dataclasses
+import math
+import numbers
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -14,10 +24,97 @@ from torch import nn
 
 Masks = Dict[str, torch.Tensor]
 Batch = Tuple[torch.Tensor, torch.Tensor]
+# (model, batch) -> scalar loss tensor; the batch is whatever the iterable yields, on the model's device.
+Loss = Callable[[nn.Module, Any], torch.Tensor]
+# model -> a score (higher is better, e.g. top-1 accuracy in percent); see `top1_evaluator`.
+Evaluate = Callable[[nn.Module], float]
 # Called after each optimiser step with (model, step index); e.g. ADMM's or gradual pruning's update.
 StepHook = Callable[[nn.Module, int], None]
-# Added to the cross-entropy loss before backward, e.g. ADMM's augmented-Lagrangian term.
+# Added to the loss before backward, e.g. ADMM's augmented-Lagrangian term.
 ExtraLoss = Callable[[nn.Module], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Settings of one `train_epochs` run: SGD with `momentum` and `weight_decay`, learning rate
+    `lr` decayed on a cosine over all steps when the batches have a length (constant otherwise),
+    `epochs` passes over the batches, `seed` for torch's global generator (dropout and the like;
+    the batch order is the iterable's own), `progress` for a tqdm bar over epochs."""
+
+    epochs: int = 8
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    progress: bool = False
+
+    def __post_init__(self):
+        for name in ("epochs", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"TrainConfig.{name} must be an int, got {value!r}")
+        if self.epochs < 0:
+            raise ValueError(f"TrainConfig.epochs must be >= 0, got {self.epochs}")
+        for name in ("lr", "momentum", "weight_decay"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise TypeError(f"TrainConfig.{name} must be a finite number, got {value!r}")
+        if self.lr <= 0:
+            raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"TrainConfig.momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if not isinstance(self.progress, bool):
+            raise TypeError(f"TrainConfig.progress must be a bool, got {self.progress!r}")
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A copy with `changes` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def classification_loss(model: nn.Module, batch) -> torch.Tensor:
+    """Cross-entropy of `model(x)` against `y` for a batch (x, y): x float, y int64 class indices."""
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def to_device(batch, device: torch.device):
+    """`batch` with every tensor in it (also inside tuples, lists and dicts) moved to `device`;
+    tensors already there are returned as they are, other objects unchanged."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(to_device(item, device) for item in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(item, device) for item in batch)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    return batch
+
+
+def batch_count(batches: Iterable) -> Optional[int]:
+    """len(batches), or None where it has none (a DataLoader over an IterableDataset without
+    `__len__` has the method but raises TypeError)."""
+    try:
+        return len(batches)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def check_reiterable(batches: Iterable, what: str = "batches") -> None:
+    """Raise TypeError unless `batches` can be iterated once per epoch (a DataLoader, a list, ...):
+    a generator or other one-shot iterator would be empty from the second epoch on."""
+    if isinstance(batches, Iterator):
+        raise TypeError(f"{what} must be re-iterable (a DataLoader, a list, a Batches, ...), not a one-shot "
+                        f"{type(batches).__name__}: training iterates it once per epoch")
+    if not isinstance(batches, Iterable) and not hasattr(batches, "__getitem__"):
+        raise TypeError(f"{what} must be an iterable of batches, got {type(batches).__name__}")
+
+
+def _device(model: nn.Module) -> torch.device:
+    parameter = next(model.parameters(), None)
+    return torch.device("cpu") if parameter is None else parameter.device
 
 
 @torch.no_grad()
@@ -35,36 +132,40 @@ def apply_masks_(model: nn.Module, masks: Optional[Masks]) -> None:
         weight.mul_(mask.to(weight.device))
 
 
-def train_epochs(model: nn.Module, batches: Iterable[Batch], epochs: int, lr: float = 0.01,
-                 masks: Optional[Masks] = None, seed: int = 0, weight_decay: float = 0.0,
-                 extra_loss: Optional[ExtraLoss] = None, step_hook: Optional[StepHook] = None,
-                 progress: bool = False, description: str = "train") -> float:
-    """Train `model` with SGD (momentum 0.9, cosine learning rate) for `epochs` over `batches`
-    ((x, y) pairs: x a float tensor on the model's device, y int64 class indices).
+def train_epochs(model: nn.Module, batches: Iterable, config: TrainConfig, loss: Loss = classification_loss,
+                 masks: Optional[Masks] = None, extra_loss: Optional[ExtraLoss] = None,
+                 step_hook: Optional[StepHook] = None, description: str = "train") -> float:
+    """Train `model` with SGD as `config` says (a `TrainConfig`) for `config.epochs` passes over
+    `batches`, minimising `loss(model, batch)` (+ `extra_loss(model)` when given).
 
+    batches: re-iterable (each epoch iterates it afresh), streamed one batch at a time, never
+    collected; the cosine learning-rate schedule needs its `len()` and is left out without one.
     `masks` are re-applied after every step (and once before the first). Returns the mean loss of
-    the last epoch.
+    the last epoch (nan for 0 epochs).
     """
     from tqdm.auto import tqdm
 
-    if epochs < 0:
-        raise ValueError(f"epochs must be >= 0, got {epochs}")
-    torch.manual_seed(seed)
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    check_reiterable(batches)
+    torch.manual_seed(config.seed)
     model.train()
     apply_masks_(model, masks)
-    optimiser = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
-    steps_per_epoch = len(batches) if hasattr(batches, "__len__") else None
-    total = None if steps_per_epoch is None else epochs * steps_per_epoch
+    device = _device(model)
+    optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                                weight_decay=config.weight_decay)
+    steps_per_epoch = batch_count(batches)
+    total = None if steps_per_epoch is None else config.epochs * steps_per_epoch
     schedule = None if total is None else torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, max(total, 1))
     step, last_loss = 0, float("nan")
-    for _ in tqdm(range(epochs), desc=description, disable=not progress, leave=False):
-        losses = []
-        for x, y in batches:
-            loss = F.cross_entropy(model(x), y)
+    for _ in tqdm(range(config.epochs), desc=description, disable=not config.progress, leave=False):
+        loss_sum, count = 0.0, 0
+        for batch in batches:
+            value = loss(model, to_device(batch, device))
             if extra_loss is not None:
-                loss = loss + extra_loss(model)
+                value = value + extra_loss(model)
             optimiser.zero_grad(set_to_none=True)
-            loss.backward()
+            value.backward()
             optimiser.step()
             if schedule is not None:
                 schedule.step()
@@ -72,36 +173,51 @@ def train_epochs(model: nn.Module, batches: Iterable[Batch], epochs: int, lr: fl
             if step_hook is not None:
                 step_hook(model, step)
             step += 1
-            losses.append(loss.item())
-        last_loss = sum(losses) / max(len(losses), 1)
+            loss_sum += value.item()
+            count += 1
+            batch = value = None  # let this batch go before the iterable makes the next one
+        last_loss = loss_sum / max(count, 1)
     return last_loss
 
 
 @torch.no_grad()
 def accuracy(model: nn.Module, batches: Iterable[Batch]) -> float:
-    """Top-1 accuracy in percent of `model` (eval mode) over `batches`."""
+    """Top-1 accuracy in percent of `model` (eval mode) over (x, y) `batches`."""
     model.eval()
+    device = _device(model)
     correct = total = 0
-    for x, y in batches:
+    for batch in batches:
+        x, y = to_device(batch, device)
         correct += (model(x).argmax(dim=1) == y).sum().item()
         total += y.numel()
+        batch = x = y = None
     if total == 0:
         raise ValueError("accuracy needs at least one sample")
     return 100.0 * correct / total
 
 
-def mean_gradients(model: nn.Module, batches: Iterable[Batch], names: Iterable[str]) -> Dict[str, torch.Tensor]:
-    """Mean over `batches` of d(cross-entropy)/d(weight) for each module in `names`."""
+def top1_evaluator(batches: Iterable[Batch]) -> Evaluate:
+    """An `Evaluate` callback: the top-1 accuracy in percent over the (x, y) `batches` (re-iterable,
+    e.g. a validation DataLoader), the default for classification."""
+    check_reiterable(batches)
+    return lambda model: accuracy(model, batches)
+
+
+def mean_gradients(model: nn.Module, batches: Iterable, names: Iterable[str],
+                   loss: Loss = classification_loss) -> Dict[str, torch.Tensor]:
+    """Mean over `batches` of d(loss)/d(weight) for each module in `names`."""
     modules = dict(model.named_modules())
     names = list(names)
     sums = {name: torch.zeros_like(modules[name].weight) for name in names}
     count = 0
     model.eval()
-    for x, y in batches:
+    device = _device(model)
+    for batch in batches:
         model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        loss(model, to_device(batch, device)).backward()
         for name in names:
             sums[name] += modules[name].weight.grad
         count += 1
+        batch = None
     model.zero_grad(set_to_none=True)
     return {name: total / max(count, 1) for name, total in sums.items()}
