@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 
 from sparsecnn.backends import get_backend
 from sparsecnn.core.spec import ConvSpec
-from sparsecnn.core.toolchain import DiskCache, ToolchainError, toolchain_id
+from sparsecnn.core.toolchain import DiskCache, ToolchainError, decode_entry, toolchain_id
 from sparsecnn.nn import SparseConv2d
 
 CODEGEN_DIR = "codegen"
@@ -65,8 +65,9 @@ def install_codegen(directory: Path, names: Iterable[str]) -> int:
         if len(parts) != 3 or parts[0] != CODEGEN_DIR:
             continue
         key, _, suffix = parts[2].partition(".")
-        if not cache.path(key, suffix).exists():
-            cache.put(key, suffix, (directory / name).read_bytes())
+        data = decode_entry((directory / name).read_bytes())
+        if data is not None and not cache.path(key, suffix).exists():  # None: an older format, recompiled
+            cache.put(key, suffix, data)
             copied += 1
     return copied
 

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
@@ -40,7 +41,7 @@ _DRIVER_PTX_ISA = {
     (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8), (13, 0): (9, 0), (13, 1): (9, 1),
 }
 COMPILE_TIMEOUT_S = 900
-CACHE_STATS: collections.Counter = collections.Counter()  # "hit" / "miss" / "write", for reports and tests
+CACHE_STATS: collections.Counter = collections.Counter()  # "hit" / "miss" / "write" / "corrupt", for reports and tests
 
 
 class ToolchainError(RuntimeError):
@@ -224,10 +225,33 @@ def cache_key(*parts) -> str:
     return digest.hexdigest()
 
 
+_ENTRY_MAGIC = b"sparsecnn-cache-entry-v1\n"
+_DIGEST_BYTES = 32  # sha256
+
+
+def encode_entry(data: bytes) -> bytes:
+    """A cache file's bytes: a magic line, the sha256 of `data`, then `data`."""
+    return _ENTRY_MAGIC + hashlib.sha256(data).digest() + data
+
+
+def decode_entry(raw: bytes) -> Optional[bytes]:
+    """The data of a cache file's bytes, or None when they are not an intact entry (truncated,
+    damaged, or a file this cache did not write)."""
+    head = len(_ENTRY_MAGIC) + _DIGEST_BYTES
+    if len(raw) < head or not raw.startswith(_ENTRY_MAGIC):
+        return None
+    data = raw[head:]
+    return data if hashlib.sha256(data).digest() == raw[len(_ENTRY_MAGIC):head] else None
+
+
 class DiskCache:
     """Files named by key under `root` (default `cache_root()`); writes are atomic (temp + rename),
     so concurrent compiles of the same key are harmless, and `exclusive(key)` lets processes that
-    need the same file wait for one of them to make it rather than all compile it."""
+    need the same file wait for one of them to make it rather than all compile it. Each file
+    carries the sha256 of its data (`encode_entry`): a truncated or foreign file is a miss, removed
+    with a warning (once per process), and the caller compiles again."""
+
+    _warned = False
 
     def __init__(self, root: Optional[Path] = None):
         self.root = cache_root() if root is None else Path(root)
@@ -236,13 +260,30 @@ class DiskCache:
         return self.root / key[:2] / f"{key}.{suffix}"
 
     def get(self, key: str, suffix: str) -> Optional[bytes]:
+        path = self.path(key, suffix)
         try:
-            data = self.path(key, suffix).read_bytes()
+            raw = path.read_bytes()
         except FileNotFoundError:
+            CACHE_STATS["miss"] += 1
+            return None
+        data = decode_entry(raw)
+        if data is None:
+            self._discard(path)
             CACHE_STATS["miss"] += 1
             return None
         CACHE_STATS["hit"] += 1
         return data
+
+    @classmethod
+    def _discard(cls, path: Path) -> None:
+        CACHE_STATS["corrupt"] += 1
+        if not cls._warned:
+            cls._warned = True
+            warnings.warn(f"compiled-kernel cache file {path} is truncated, damaged or not written by this "
+                          "version of sparsecnn: removed, compiling again (later such files are replaced "
+                          "without a warning)", RuntimeWarning, stacklevel=3)
+        with contextlib.suppress(OSError):
+            path.unlink()
 
     @contextlib.contextmanager
     def exclusive(self, key: str) -> Iterator[None]:
@@ -263,7 +304,7 @@ class DiskCache:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:8]}-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                handle.write(encode_entry(data))
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

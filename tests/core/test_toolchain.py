@@ -1,0 +1,47 @@
+"""The compiled-kernel disk cache (core/toolchain.py): entries carry their sha256, so a truncated,
+damaged or foreign file is a miss that is removed with one warning, and compiling again replaces it."""
+import warnings
+
+import pytest
+
+from sparsecnn.core import toolchain
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(toolchain.DiskCache, "_warned", False)
+    return toolchain.DiskCache(tmp_path)
+
+
+def test_an_entry_round_trips_and_its_file_carries_the_digest(cache):
+    cache.put("abcdef", "cubin", b"\x7fELF kernel bytes")
+    assert cache.get("abcdef", "cubin") == b"\x7fELF kernel bytes"
+    raw = cache.path("abcdef", "cubin").read_bytes()
+    assert raw != b"\x7fELF kernel bytes" and toolchain.decode_entry(raw) == b"\x7fELF kernel bytes"
+    assert cache.get("abcdef", "ptx") is None  # another suffix: a plain miss
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "foreign", "empty"])
+def test_a_damaged_or_foreign_file_is_a_miss_removed_with_one_warning(cache, damage):
+    cache.put("abcdef", "cubin", b"kernel bytes " * 100)
+    path = cache.path("abcdef", "cubin")
+    raw = path.read_bytes()
+    path.write_bytes({"truncated": raw[:-7], "flipped": raw[:-1] + bytes([raw[-1] ^ 1]),
+                      "foreign": b"\x7fELF a cubin from elsewhere", "empty": b""}[damage])
+    corrupt = toolchain.CACHE_STATS["corrupt"]
+    with pytest.warns(RuntimeWarning, match="compiling again"):
+        assert cache.get("abcdef", "cubin") is None
+    assert not path.exists() and toolchain.CACHE_STATS["corrupt"] == corrupt + 1
+    cache.put("abcdef", "cubin", b"recompiled")
+    assert cache.get("abcdef", "cubin") == b"recompiled"
+
+
+def test_only_the_first_damaged_file_warns(cache):
+    for key in ("aa1111", "bb2222"):
+        cache.put(key, "ptx", b"text")
+        cache.path(key, "ptx").write_bytes(b"garbage")
+    with pytest.warns(RuntimeWarning):
+        assert cache.get("aa1111", "ptx") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.get("bb2222", "ptx") is None
