@@ -278,3 +278,15 @@ def test_bench_layers_times_the_auto_configs():
     auto = get_backend("direct").auto_configs(spec, torch.float32)
     assert len(rows) == len(auto) >= 2
     assert all(row["rel_err"] < 1e-6 for row in rows)
+
+
+def test_efficiency_is_non_zero_macs_over_the_cuda_core_fma_rate_of_the_rows_gpu():
+    from sparsecnn.bench.report import efficiency
+
+    row = {"kind": "layer", "device": "NVIDIA H100 80GB HBM3", "N": 32, "C": 64, "K": 64, "H": 56, "W": 56, "R": 3,
+           "S": 3, "stride": [1, 1], "padding": [1, 1], "sparsity": 0.9, "median_ms": 1.0, "dtype": "fp32"}
+    macs = 32 * 56 * 56 * 64 * 64 * 9 * 0.1
+    assert efficiency(row) == pytest.approx(macs / (1e-3 * 132 * 128 * 1.98e9))
+    assert efficiency({**row, "dtype": "fp16"}) == pytest.approx(macs / (1e-3 * 132 * 256 * 1.98e9))
+    assert efficiency({**row, "device": "NVIDIA H100 PCIe"}) == pytest.approx(macs / (1e-3 * 114 * 128 * 1.755e9))
+    assert efficiency({**row, "device": "cpu"}) is None and efficiency({**row, "kind": "model"}) is None

@@ -17,6 +17,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from sparsecnn.bench.layers import CUDNN
 from sparsecnn.bench.schema import DTYPES
+from sparsecnn.core.device import cuda_core_fma_rate, nominal_for_name
+from sparsecnn.core.spec import ConvSpec
 
 Row = Dict[str, Any]
 _BASE_KEY = ("device", "suite", "N", "sparsity", "pattern")
@@ -114,6 +116,21 @@ def _table(header: List[str], body: List[List[str]]) -> str:
     return "\n".join(lines)
 
 
+def efficiency(row: Row) -> Optional[float]:
+    """Fraction of the GPU's CUDA-core multiply-add rate a layer row's non-zero work ran at: non-zero
+    MACs (N P Q K C R S / groups x (1 - sparsity)) / (median time x `cuda_core_fma_rate` of the row's
+    GPU, by its name, for fp32 or packed fp16/bf16). None off CUDA or for an unknown GPU."""
+    props = nominal_for_name(row.get("device") or "")
+    rate = None if props is None else cuda_core_fma_rate(props, row["dtype"] in ("fp16", "bf16"))
+    if rate is None or not row.get("median_ms") or row.get("kind") != "layer":
+        return None
+    pair = lambda value: tuple(value) if isinstance(value, (list, tuple)) else value  # noqa: E731
+    spec = ConvSpec(row["N"], row["C"], row["K"], row["H"], row["W"], row["R"], row["S"], pair(row["stride"]),
+                    pair(row["padding"]))
+    macs = spec.N * spec.P * spec.Q * spec.K * spec.C * spec.R * spec.S / spec.groups * (1 - row["sparsity"])
+    return macs / (row["median_ms"] * 1e-3 * rate)
+
+
 def _baseline_dtypes(group: _LayerGroup) -> List[str]:
     present = {dtype for _, dtype in group.cudnn}
     return [dtype for dtype in DTYPES if dtype in present]
@@ -131,6 +148,10 @@ def _layer_cells(group: _LayerGroup, layer: str, cudnn_dtypes: List[str]) -> Lis
     cells.append("—" if floor is None else f"{floor:.4g}")
     share = None if floor is None or fastest["median_ms"] <= 0 else 100 * floor / fastest["median_ms"]
     cells.append("—" if share is None else f"{share:.3g}%")
+    sparse = [row for row in runs if row["backend"] != CUDNN and not row["backend"].startswith("dense")]
+    best_sparse = min(sparse, key=lambda row: row["median_ms"], default=None)
+    used = None if best_sparse is None else efficiency(best_sparse)
+    cells.append("—" if used is None else f"{100 * used:.3g}%")
     return cells
 
 
@@ -139,7 +160,7 @@ def _group_markdown(group: _LayerGroup) -> str:
     header = ["layer"] + [f"cuDNN {dtype} ms" for dtype in cudnn_dtypes]
     for backend in group.backends:
         header += [f"{backend} ms", f"{backend} ×"]
-    header += ["max rel_err", "floor ms", "floor %"]
+    header += ["max rel_err", "floor ms", "floor %", "sparse eff %"]
     body = [_layer_cells(group, layer, cudnn_dtypes) for layer in group.layers]
     parts = [f"### {group.title}", "", _table(header, body), ""]
     if group.backends:

@@ -204,3 +204,28 @@ def check_supported(props: DeviceProperties) -> None:
     if props.capability < MIN_CAPABILITY:
         raise RuntimeError(f"{props.name} is sm_{props.arch}; the generated kernels need sm_80 or newer "
                            "(cp.async, Ampere's register file)")
+
+
+# CUDA-core multiply-adds per clock per SM: fp32 FFMA lanes, and fp16/bf16 as packed pairs (HFMA2),
+# for the arches whose rates are certain (CUDA C Programming Guide, arithmetic instruction throughput).
+_FMA_PER_CLOCK = {"80": {"fp32": 64, "half": 256}, "90": {"fp32": 128, "half": 256}}
+# Nominal GPUs by product name, for results recorded elsewhere (the row's device name): the PCIe H100
+# has fewer SMs and a lower clock than the SXM one the "90" entry describes.
+_BY_NAME = (("H100 PCIe", dataclasses.replace(_NOMINAL["90"], name="NVIDIA H100 PCIe (nominal)", sm_count=114,
+                                               clock_khz=1755000)),
+            ("H100", _NOMINAL["90"]), ("H200", dataclasses.replace(_NOMINAL["90"], name="NVIDIA H200 (nominal)")),
+            ("A100", _NOMINAL["80"]))
+
+
+def nominal_for_name(name: str) -> Optional[DeviceProperties]:
+    """Nominal properties of the GPU named `name` (e.g. "NVIDIA H100 80GB HBM3"), None if unknown."""
+    return next((props for key, props in _BY_NAME if key in name), None)
+
+
+def cuda_core_fma_rate(props: DeviceProperties, half: bool) -> Optional[float]:
+    """Multiply-adds per second of `props`' CUDA cores (not tensor cores) at its boost clock: fp32, or
+    fp16/bf16 in packed pairs (`half`); None where the arch's rate or the clock is not known."""
+    per_clock = _FMA_PER_CLOCK.get(props.arch)
+    if per_clock is None or not props.clock_khz:
+        return None
+    return props.sm_count * per_clock["half" if half else "fp32"] * props.clock_khz * 1e3
