@@ -11,6 +11,7 @@ from sparsecnn.bench.layers import precision
 from sparsecnn.core.reference import relative_error
 from sparsecnn.models import build_model, default_input_shape
 from sparsecnn.nn import SparseConv2d
+from sparsecnn.passes import prepare_for_inference
 from sparsecnn.prune import format_sparsity_report, prune_magnitude_, sparsity_report
 from sparsecnn.tuning import Candidate, LayerResult, benchmark
 from sparsecnn.tuning.select import BASELINE
@@ -79,7 +80,8 @@ def _layer_table(model: torch.nn.Module) -> str:
 
 def run_demo(model_name: str = "resnet18-cifar", sparsity: float = 0.9, batch: int | None = None,
              device: str | None = None, seed: int = 0) -> dict:
-    """Prune, sparsify (backend auto), verify against the dense masked model and time both.
+    """Prune, `prepare_for_inference` + `sparsify_` with the defaults, verify against the dense masked
+    model in fp64 and time both (the dense model as given at PyTorch's defaults; on CUDA also exact fp32).
 
     Returns {"rel_err", "dense_ms", "sparse_ms", "speedup", "device", "model"} (the sparse model,
     its `TuneReport` as `model.sparsecnn_report`); prints the report.
@@ -89,18 +91,24 @@ def run_demo(model_name: str = "resnet18-cifar", sparsity: float = 0.9, batch: i
     torch.manual_seed(seed)
     model = build_model(model_name).eval().to(device)
     prune_magnitude_(model, sparsity)
-    print(f"## {model_name}, magnitude-pruned to {sparsity:.0%}, batch {batch}, fp32 (TF32 off), on {device}\n")
+    defaults = "PyTorch's defaults (TF32 convs)" if device == "cuda" else "fp32"
+    print(f"## {model_name}, magnitude-pruned to {sparsity:.0%}, batch {batch}, {defaults}, on {device}\n")
     print(format_sparsity_report(sparsity_report(model)) + "\n")
     x = torch.randn(batch, *default_input_shape(model_name), device=device)
-    with torch.no_grad(), precision("fp32"):
+    with torch.no_grad():
         reference = copy.deepcopy(model).double()(x.double())
-        sparse = sparsify_(copy.deepcopy(model), x, backend="auto")
+        sparse = sparsify_(prepare_for_inference(copy.deepcopy(model)), x)  # dtype=None: PyTorch's flags
         rel_err = relative_error(sparse(x), reference)
         dense_ms = benchmark(lambda: model(x), device)["median_ms"]
         sparse_ms = benchmark(lambda: sparse(x), device)["median_ms"]
+        with precision("fp32"):  # exact fp32 (TF32 off): the other fp32 baseline
+            exact_ms = benchmark(lambda: model(x), device)["median_ms"] if device == "cuda" else None
     print(_layer_table(sparse) + "\n")
     print(f"relative error vs the dense masked model (fp64): {rel_err:.2e}")
-    print(f"end to end: dense {dense_ms:.3f} ms, sparse {sparse_ms:.3f} ms, speedup {dense_ms / sparse_ms:.2f}x")
+    print(f"end to end: dense as given {dense_ms:.3f} ms ({defaults}), sparse {sparse_ms:.3f} ms, "
+          f"speedup {dense_ms / sparse_ms:.2f}x")
+    if exact_ms is not None:
+        print(f"dense exact fp32 (TF32 off) {exact_ms:.3f} ms: {exact_ms / sparse_ms:.2f}x")
     if device == "cpu":
         print("note: no GPU here, so these are CPU timings; on a GPU the backends are measured on the GPU.")
     return dict(rel_err=rel_err, dense_ms=dense_ms, sparse_ms=sparse_ms, speedup=dense_ms / sparse_ms,
