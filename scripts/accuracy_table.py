@@ -8,6 +8,7 @@ changes here.
 
     PYTHONPATH=src python scripts/accuracy_table.py            # all methods, 0.8 / 0.9 / 0.95
     PYTHONPATH=src python scripts/accuracy_table.py --methods magnitude --sparsities 0.9 --md /tmp/a.md
+    PYTHONPATH=src python scripts/accuracy_table.py --methods reprune-tiles --options '{"reprune-tiles": {"tile": 16}}'
 
 Writes `docs/accuracy.md` and `benchmarks/results/<UTC date>-cpu-accuracy.jsonl` (one row per
 model x method x sparsity x quantisation, plus one "dense" row per model). Row fields: run, the
@@ -23,7 +24,7 @@ import copy
 import json
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -49,8 +50,11 @@ def dense_model(name: str, split, seed: int) -> torch.nn.Module:
     return model
 
 
-def measure(name: str, methods: List[str], sparsities: List[float], seed: int, run: dict) -> List[dict]:
-    """Rows for one model: the dense row, then one per method and sparsity."""
+def measure(name: str, methods: List[str], sparsities: List[float], seed: int, run: dict,
+            options: Optional[Dict[str, dict]] = None) -> List[dict]:
+    """Rows for one model: the dense row, then one per method and sparsity (`options[method]`: that
+    method's options, recorded in its rows as "options")."""
+    options = options or {}
     split = load_digits_split(default_input_shape(name), seed=seed)
     started = time.perf_counter()
     dense = dense_model(name, split, seed)
@@ -62,8 +66,9 @@ def measure(name: str, methods: List[str], sparsities: List[float], seed: int, r
     for method in methods:
         for target in sparsities:
             model, started = copy.deepcopy(dense), time.perf_counter()
-            masks = prune_with(method, model, split, target, seed=seed)
+            masks = prune_with(method, model, split, target, seed=seed, **options.get(method, {}))
             pruned = dict(common, kind="accuracy", method=method, target_sparsity=target,
+                          **({"options": options[method]} if method in options else {}),
                           sparsity=sparsity_report(model, masks)[-1]["sparsity"])
             top1 = top1_accuracy(model, split)
             rows.append(dict(pruned, quantize="none", top1=top1, delta=top1 - dense_top1,
@@ -149,6 +154,9 @@ def main() -> None:
     parser.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     parser.add_argument("--sparsities", default="0.8,0.9,0.95")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--options", type=json.loads, default={},
+                        help='JSON {method: {option: value}}, e.g. \'{"reprune-tiles": {"tile": 16}}\' '
+                             "(default: the registry defaults)")
     # One thread: these models are too small to gain from more, and it runs beside other jobs.
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--md", type=Path, default=ROOT / "docs" / "accuracy.md")
@@ -163,7 +171,7 @@ def main() -> None:
     sparsities = [float(s) for s in args.sparsities.split(",")]
     env = environment("cpu")
     run = dict(run=new_run_id(), **env, threads=args.threads)
-    rows = [row for name in models for row in measure(name, methods, sparsities, args.seed, run)]
+    rows = [row for name in models for row in measure(name, methods, sparsities, args.seed, run, args.options)]
     jsonl = args.jsonl or ROOT / "benchmarks" / "results" / f"{env['date'][:10]}-cpu-accuracy.jsonl"
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     with jsonl.open("a") as out:

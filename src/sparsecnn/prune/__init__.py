@@ -10,10 +10,14 @@ from sparsecnn.prune.quantize import QUANTIZERS
 from sparsecnn.prune.report import format_sparsity_report, sparsity_report
 from sparsecnn.prune.reprune import benefits, knapsack, reprune_, reprune_layer
 from sparsecnn.prune.targets import layer_sparsities, pruned_layers
+from sparsecnn.prune.tiles import TileDecomposition, TileGroup, TileParams, reprune_tiles, reprune_tiles_
 from sparsecnn.prune.training import TrainConfig, classification_loss, top1_evaluator, train_epochs
 
 __all__ = [
     "EvolutionSettings",
+    "TileDecomposition",
+    "TileGroup",
+    "TileParams",
     "TrainConfig",
     "QUANTIZERS",
     "absorb_torch_prune_",
@@ -45,6 +49,8 @@ __all__ = [
     "register_method",
     "reprune_",
     "reprune_layer",
+    "reprune_tiles",
+    "reprune_tiles_",
     "save_pruned",
     "sparsity_report",
     "top1_evaluator",
