@@ -757,6 +757,15 @@ def test_a_sparsified_cuda_model_replays_cuda_graphs_for_plain_calls(tmp_path, d
     assert cuda_graph_forward(plain) is None and all(p.requires_grad for p in plain.parameters())
 
 
+def test_sparsify_runs_the_forward_itself_on_a_model_that_replays_graphs(tmp_path):
+    from sparsecnn.nn.graphed import cuda_graph_forward, enable_cuda_graphs
+
+    model = _model()
+    enable_cuda_graphs(model)  # as an earlier sparsify_ on CUDA leaves it
+    sparsify_(model, torch.randn(2, 3, 12, 12), backend="dense", cuda_graphs=False)
+    assert cuda_graph_forward(model) is None
+
+
 def test_cuda_graphs_are_not_installed_on_the_cpu(tmp_path):
     from sparsecnn.nn.graphed import cuda_graph_forward
 

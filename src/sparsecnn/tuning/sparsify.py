@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from sparsecnn.backends import get_backend
 from sparsecnn.core.reference import relative_error
 from sparsecnn.core.workers import job_times, reset_job_times
-from sparsecnn.nn.graphed import enable_cuda_graphs
+from sparsecnn.nn.graphed import disable_cuda_graphs, enable_cuda_graphs
 from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
 from sparsecnn.tuning import (
@@ -141,6 +141,7 @@ def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
     where capture fails), and the model's parameters stop requiring grad (an inference model);
     False leaves both as they were. Returns `model`, modified in place.
     """
+    disable_cuda_graphs(model)  # tuning must run the forward itself, not replay graphs of an earlier call
     if backend == "auto":
         if example_inputs is None:
             raise ValueError("backend='auto' needs example_inputs to time the candidates on")
