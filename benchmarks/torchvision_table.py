@@ -19,6 +19,7 @@ import torchvision
 
 import sparsecnn
 from sparsecnn.bench.env import environment, new_run_id
+from sparsecnn.bench.models import capture_cuda_graph
 from sparsecnn.core.reference import relative_error
 from sparsecnn.nn import SparseConv2d
 from sparsecnn.prune import prune_magnitude_
@@ -39,29 +40,13 @@ def pruned(name):
     return model
 
 
-def graph_runner(model, x):
-    """replay of `model(x)` captured in our own CUDA graph (as a user capturing the model would)."""
-    static = x.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            model(static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = model(static)
-    return graph.replay, out
-
-
 def timed(model, x, ref):
     """{mode: (stats, rel_err)} for plain calls and for our own graph capture."""
     with torch.no_grad():
         eager_out = model(x)
         results = {"eager": (eager_benchmark(lambda: model(x), DEVICE), relative_error(eager_out, ref))}
-        replay, out = graph_runner(model, x)
-        replay()
-        results["cudagraph"] = (benchmark(replay, DEVICE), relative_error(out, ref))
+        replay, output = capture_cuda_graph(model, x)  # as a user capturing the model would
+        results["cudagraph"] = (benchmark(replay, DEVICE), relative_error(output(), ref))
     return results
 
 

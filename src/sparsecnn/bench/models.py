@@ -95,7 +95,7 @@ def _round_model_(model: nn.Module, dtype: str) -> nn.Module:
     return model
 
 
-def _cuda_graph(model: nn.Module, x: torch.Tensor) -> Tuple[Callable[[], None], Callable[[], torch.Tensor]]:
+def capture_cuda_graph(model: nn.Module, x: torch.Tensor) -> Tuple[Callable[[], None], Callable[[], torch.Tensor]]:
     """(replay, output): `model(x)` captured in a CUDA graph after three warm-up calls on a side stream."""
     static_x = x.clone()
     stream = torch.cuda.Stream()
@@ -119,7 +119,7 @@ def _runner(model: nn.Module, x: torch.Tensor, mode: str,
             compile_mode: Optional[str]) -> Tuple[Callable[[], Any], Callable[[], torch.Tensor]]:
     """(what to time, one run returning the output) for `model(x)` in `mode`."""
     if mode == "cudagraph":
-        return _cuda_graph(model, x)
+        return capture_cuda_graph(model, x)
     if mode == "compile":
         compiled = torch.compile(model, mode=compile_mode)
         return (lambda: compiled(x)), (lambda: compiled(x))

@@ -74,14 +74,13 @@ from sparsecnn.core.checks import (
     pow2_at_least,
     stride_padding,
 )
-from sparsecnn.core.offsets import expand_offsets
+from sparsecnn.core.offsets import INT32_MAX, expand_offsets
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.core.triton_epilogue import store_epilogue
 from sparsecnn.core.triton_launch import launch
 
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_INT32_MAX = 2**31 - 1
 _MAX_ACC_PER_THREAD = 128  # beyond this the accumulators alone spill registers
 
 
@@ -420,7 +419,7 @@ def _concatenate(tiles: List[_Tile], block_m: int, block_kred: int) -> Tuple[np.
         rows[index, :tile.rows.size] = tile.rows
     dense_start = np.concatenate(([0], np.cumsum([t.cols.size for t in tiles]))).astype(np.int64)
     ell_start = np.concatenate(([0], np.cumsum([t.ell_cols.shape[0] for t in tiles]))).astype(np.int64)
-    if block_m * (dense_start[-1] + block_kred) > _INT32_MAX or block_m * ell_start[-1] > _INT32_MAX:
+    if block_m * (dense_start[-1] + block_kred) > INT32_MAX or block_m * ell_start[-1] > INT32_MAX:
         raise ValueError("packed weight too large for int32 indexing")
     dense_cols = np.concatenate([t.cols for t in tiles] + [np.zeros(block_kred, np.int64)])
     dense_values = np.concatenate([t.dense.ravel() for t in tiles] + [np.zeros(block_kred * block_m, np.float32)])
@@ -552,7 +551,7 @@ def blocks_conv2d_arrays(x: torch.Tensor, arrays: BlocksArrays, kernel_shape: Tu
     spec = launch_spec(tuple(x.shape), tuple(kernel_shape), (sh, sw), (ph, pw))
     check_residual(residual, spec.output_shape, x)
     hp, wp = h + 2 * ph, w + 2 * pw
-    if c * hp * wp > _INT32_MAX or k * spec.P * spec.Q > _INT32_MAX:
+    if c * hp * wp > INT32_MAX or k * spec.P * spec.Q > INT32_MAX:
         raise ValueError("one image's padded input or output exceeds int32 offsets")
     if out is None:
         out = torch.empty(spec.output_shape, dtype=x.dtype, device=x.device)
@@ -564,7 +563,7 @@ def blocks_conv2d_arrays(x: torch.Tensor, arrays: BlocksArrays, kernel_shape: Tu
         bias = None if bias is None else bias.contiguous()
         residual = None if residual is None else residual.contiguous()
         # int32 offsets in the kernel: launch per chunk of images whose input and output fit.
-        chunk = max(1, min(_INT32_MAX // (c * hp * wp), _INT32_MAX // (k * spec.P * spec.Q)))
+        chunk = max(1, min(INT32_MAX // (c * hp * wp), INT32_MAX // (k * spec.P * spec.Q)))
         with current_device(x):
             for first in range(0, n, chunk):
                 images = slice(first, first + chunk)

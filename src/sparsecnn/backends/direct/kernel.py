@@ -66,6 +66,7 @@ from sparsecnn.core.checks import (
     pow2_at_least,
     stride_padding,
 )
+from sparsecnn.core.offsets import INT32_MAX
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.core.triton_epilogue import store_epilogue
 from sparsecnn.core.triton_launch import launch
@@ -75,7 +76,6 @@ VARIANTS = ("chunk", "ell", "csr", "batch")
 OUT_LAYOUTS = ("nchw", "batch_inner")
 _CHUNKED_VARIANTS = ("chunk", "batch")  # one channel per program, on a `ChunkedCSRWeight`
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_INT32_MAX = 2**31 - 1
 _MAX_ACC_PER_THREAD = 128  # beyond this the accumulators alone spill registers
 
 
@@ -430,7 +430,7 @@ def _check_batch_variant(spec: ConvSpec, config: DirectConfig) -> None:
         raise ValueError(f"config.sub_batch={config.sub_batch} must divide the batch size N={spec.N} "
                          f"(variant 'batch')")
     padded = spec.C * (spec.H + 2 * spec.padding[0]) * (spec.W + 2 * spec.padding[1]) * spec.N
-    if padded > _INT32_MAX:
+    if padded > INT32_MAX:
         raise ValueError(f"variant 'batch': the padded input of {padded} elements exceeds int32 offsets")
 
 
@@ -558,7 +558,7 @@ def _checked_spec(x: torch.Tensor, arrays: WeightArrays, kernel_shape, stride, p
         raise ValueError(f"x has {x.shape[1]} channels, the weight expects {kernel_c}")
     spec = launch_spec(tuple(x.shape), tuple(kernel_shape), (sh, sw), (ph, pw))
     _check_arrays(x, *arrays, kernel_k, config)
-    if kernel_k * spec.P * spec.Q > _INT32_MAX:
+    if kernel_k * spec.P * spec.Q > INT32_MAX:
         raise ValueError(f"one output image of {kernel_k}x{spec.P}x{spec.Q} exceeds int32 offsets")
     if config.variant == "batch":
         _check_batch_variant(spec, config)
