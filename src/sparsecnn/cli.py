@@ -113,49 +113,121 @@ def _cmd_demo(args) -> None:
 
 
 def _cmd_prune(args) -> None:
+    """Train (unless MODEL is a checkpoint), prune and fine-tune; under torchrun every rank runs this
+    and rank 0 alone prints and writes."""
+    import logging
+
+    from sparsecnn.prune import TrainConfig, get_method, layer_sparsities
+    from sparsecnn.prune.distributed import close, init_from_env, is_main, local_rank
+    from sparsecnn.prune.resume import RunState
+    from sparsecnn.prune.sources import model_spec, parse_data_source
+
+    source = parse_data_source(args.data)
+    name, checkpoint = model_spec(args.model)
+    if checkpoint is not None and args.from_checkpoint:
+        raise ValueError("MODEL is a checkpoint already; leave out --from")
+    get_method(args.method)
+    _quantizer(args.quantize)
+    device = _device(args)
+    if device == "cuda":
+        device = f"cuda:{local_rank()}"
+    init_from_env(device)
+    if is_main():
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    base = TrainConfig(precision=args.precision, state=RunState(args.state) if args.state else None)
+    try:
+        run = _prune_digits if source.kind == "digits" else _prune_loaders
+        run(args, source, name, str(checkpoint or args.from_checkpoint or "") or None, device, base,
+            layer_sparsities)
+    finally:
+        close()
+
+
+def _start_model(name: str, num_classes: int, checkpoint, device: str):
+    """(model on `device`, whether it starts from `checkpoint`), seeded by the caller."""
+    from sparsecnn.prune import load_pruned
+    from sparsecnn.prune.sources import build
+
+    model = build(name, num_classes)
+    if checkpoint:
+        load_pruned(checkpoint, model)
+    return model.to(device)
+
+
+def _prune_digits(args, source, name, checkpoint, device, base, layer_sparsities) -> None:
     import torch
 
     from sparsecnn.data import load_digits_split
-    from sparsecnn.models import build_model, default_input_shape
-    from sparsecnn.prune import (
-        format_sparsity_report,
-        get_method,
-        layer_sparsities,
-        load_pruned,
-        prune_with,
-        save_pruned,
-        sparsity_report,
-    )
+    from sparsecnn.prune import prune_with
     from sparsecnn.prune.methods import top1_accuracy, train_dense_
+    from sparsecnn.prune.sources import input_shape
 
-    get_method(args.method)
-    quantizer = _quantizer(args.quantize)
     torch.manual_seed(args.seed)
-    model = build_model(args.model)
+    model = _start_model(name, 10, checkpoint, device)
     layer_sparsities(model, args.sparsity)
-    device = _device(args)
-    split = load_digits_split(default_input_shape(args.model), seed=args.seed).to(device)
-    if args.from_checkpoint:
-        load_pruned(args.from_checkpoint, model)
-    model.to(device)
-    if not args.from_checkpoint:
-        train_dense_(model, split, args.epochs, seed=args.seed, progress=True)
+    split = load_digits_split(input_shape(name, source), seed=args.seed).to(device)
+    if not checkpoint:
+        train_dense_(model, split, args.epochs, seed=args.seed, batch_size=args.batch_size, progress=True, train=base)
     start_top1 = top1_accuracy(model, split)
     options = {} if args.finetune_epochs is None else {"epochs": args.finetune_epochs}
-    masks = prune_with(args.method, model, split, args.sparsity, seed=args.seed, progress=True, **options)
-    report = dict(model=args.model, method=args.method, sparsity=args.sparsity, data=args.data, seed=args.seed,
+    masks = prune_with(args.method, model, split, args.sparsity, seed=args.seed, progress=True,
+                       batch_size=args.batch_size, train=base, **options)
+    _finish(args, name, model, masks, checkpoint, start_top1, lambda m: top1_accuracy(m, split), split.train_x[:256])
+
+
+def _prune_loaders(args, source, name, checkpoint, device, base, layer_sparsities) -> None:
+    import torch
+
+    from sparsecnn.prune import admm_prune_, prune_and_finetune, top1_evaluator, train_epochs
+    from sparsecnn.prune.sources import calibration_inputs, datasets, input_shape, loaders
+
+    if args.method not in ("magnitude", "gradual", "admm"):
+        raise ValueError(f"--method {args.method} needs --data digits; with {source.kind} use magnitude, "
+                         f"gradual or admm")
+    train_set, validation_set, classes = datasets(source, input_shape(name, source), args.seed)
+    train, validation = loaders(train_set, validation_set, args.batch_size, args.seed, args.workers)
+    torch.manual_seed(args.seed)
+    model = _start_model(name, classes, checkpoint, device)
+    layer_sparsities(model, args.sparsity)
+    if not checkpoint:
+        train_epochs(model, train, base.phase(args.epochs, 0.02, args.seed, True), description="dense")
+    evaluate = top1_evaluator(validation)
+    start_top1 = evaluate(model)
+    if args.method == "admm":
+        epochs = {} if args.finetune_epochs is None else dict(admm_epochs=args.finetune_epochs,
+                                                               finetune_epochs=args.finetune_epochs)
+        masks = admm_prune_(model, train, args.sparsity, seed=args.seed, progress=True, train=base, **epochs)
+    else:
+        epochs = 8 if args.finetune_epochs is None else args.finetune_epochs
+        masks, _ = prune_and_finetune(model, args.sparsity, train, method=args.method,
+                                      train=base.phase(epochs, 0.01, args.seed, True))
+    _finish(args, name, model, masks, checkpoint, start_top1, evaluate, calibration_inputs(train), classes)
+
+
+def _finish(args, name, model, masks, checkpoint, start_top1, evaluate, calibration, num_classes=None) -> None:
+    """Quantise if asked, write the checkpoint (rank 0) and print the summary (rank 0)."""
+    from sparsecnn.prune import format_sparsity_report, save_pruned, sparsity_report
+    from sparsecnn.prune.distributed import is_main
+
+    quantizer = _quantizer(args.quantize)
+    report = dict(model=name, method=args.method, sparsity=args.sparsity, data=args.data, seed=args.seed,
                   epochs=args.epochs, finetune_epochs=args.finetune_epochs, quantize=args.quantize,
-                  start=args.from_checkpoint or "dense", start_top1=start_top1, top1=top1_accuracy(model, split))
+                  precision=args.precision, start=checkpoint or "dense", start_top1=start_top1,
+                  top1=evaluate(model))
     if quantizer is not None:
-        model, quantization = quantizer(model, split.train_x[:256])
-        report.update(quantized_top1=top1_accuracy(model, split), quantization=quantization.format())
-        print(quantization.format())
+        model, quantization = quantizer(model, calibration)
+        report.update(quantized_top1=evaluate(model), quantization=quantization.format())
     report["layers"] = sparsity_report(model, masks)
-    save_pruned(args.output, args.model, model, masks, report)
+    save_pruned(args.output, name, model, masks, report, num_classes)
+    if not is_main():
+        return
+    if quantizer is not None:
+        print(report["quantization"])
     print(format_sparsity_report(report["layers"]))
     quantized = f", {report['quantized_top1']:.2f}% after {args.quantize}" if quantizer is not None else ""
-    print(f"\ntop-1 on digits test: {report['start_top1']:.2f}% before ({report['start']}), "
-          f"{report['top1']:.2f}% after {args.method} pruning{quantized}; checkpoint written to {args.output}")
+    print(f"\ntop-1 on {args.data} {'test' if args.data == 'digits' else 'validation'}: "
+          f"{report['start_top1']:.2f}% before ({report['start']}), {report['top1']:.2f}% after {args.method} "
+          f"pruning{quantized}; checkpoint written to {args.output}")
 
 
 def _input_shape(text: str) -> List[int]:
@@ -278,11 +350,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", default=None)
     demo.set_defaults(run=_cmd_demo)
 
-    prune = commands.add_parser("prune", help="train, prune and fine-tune a model; write a checkpoint")
-    prune.add_argument("model")
+    prune = commands.add_parser("prune", help="train, prune and fine-tune a model; write a checkpoint "
+                                              "(under torchrun: on every rank, DistributedDataParallel)")
+    prune.add_argument("model", help="zoo model name, a sparsecnn prune checkpoint to start from, or "
+                                     "torchvision:NAME (needs torchvision)")
     prune.add_argument("--method", default="magnitude", help="registered pruning method (sparsecnn.prune.method_names)")
     prune.add_argument("--sparsity", type=float, default=0.9, help="fraction of zero weights in the pruned layers")
-    prune.add_argument("--data", choices=("digits",), default="digits")
+    prune.add_argument("--data", default="digits",
+                       help="digits, imagefolder:PATH (PATH/<class>/<image>, or PATH/train + PATH/val) or "
+                            "cifar10:PATH (torchvision's CIFAR-10 python format)")
+    prune.add_argument("--batch-size", type=int, default=64, help="global batch, split over torchrun's processes")
+    prune.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                       help="autocast precision of the training forward passes")
+    prune.add_argument("--state", default=None,
+                       help="run-state file written after every epoch; an existing one is resumed")
+    prune.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (image data)")
     prune.add_argument("-o", "--output", required=True, help="checkpoint path (sparsecnn.prune.load_pruned reads it)")
     prune.add_argument("--epochs", type=int, default=8, help="dense training epochs (not used with --from)")
     prune.add_argument("--finetune-epochs", type=int, default=None,

@@ -79,3 +79,12 @@ class Batches:
         for start in range(0, n, self.batch_size):
             index = order[start:start + self.batch_size]
             yield self.x[index], self.y[index]
+
+    def state_dict(self) -> dict:
+        """{"generator": uint8 tensor}: the shuffling generator's state, so that a resumed run
+        draws the same batch orders as an uninterrupted one."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a `state_dict()`."""
+        self.generator.set_state(state["generator"])

@@ -8,6 +8,7 @@ from sparsecnn.prune.magnitude import (absorb_torch_prune_, magnitude_mask, mask
 from sparsecnn.prune.methods import get_method, method_names, prune_and_finetune, prune_with, register_method
 from sparsecnn.prune.quantize import QUANTIZERS
 from sparsecnn.prune.report import format_sparsity_report, sparsity_report
+from sparsecnn.prune.resume import RunState
 from sparsecnn.prune.reprune import benefits, knapsack, reprune_, reprune_layer
 from sparsecnn.prune.targets import layer_sparsities, pruned_layers
 from sparsecnn.prune.tiles import TileDecomposition, TileGroup, TileParams, reprune_tiles, reprune_tiles_
@@ -20,6 +21,7 @@ __all__ = [
     "TileParams",
     "TrainConfig",
     "QUANTIZERS",
+    "RunState",
     "absorb_torch_prune_",
     "admm_prune_",
     "apply_dlmc_",

@@ -19,7 +19,9 @@ import torch
 from torch import nn
 
 from sparsecnn.models import build_model
+from sparsecnn.prune.distributed import is_main
 from sparsecnn.prune.magnitude import Masks
+from sparsecnn.prune.resume import atomic_save
 from sparsecnn.prune.training import apply_masks_
 
 FORMAT = "sparsecnn-pruned"
@@ -27,9 +29,12 @@ VERSION = 1
 PathLike = str | os.PathLike
 
 
-def save_pruned(path: PathLike, model_name: str, model: nn.Module, masks: Masks, report: dict) -> None:
+def save_pruned(path: PathLike, model_name: str, model: nn.Module, masks: Masks, report: dict,
+                num_classes: Optional[int] = None) -> None:
     """Write `model`'s state dict (on CPU), its `masks` ({module path: bool tensor}) and `report`
-    (JSON-serialisable dict: accuracies, sparsities, method, options) to `path`."""
+    (JSON-serialisable dict: accuracies, sparsities, method, options) to `path`, atomically (a
+    temporary file, then `os.replace`). `num_classes`: the model's outputs where they are not its
+    dataset's default, so that `load_pruned` builds it alike. Called on every rank of a distributed run, only rank 0 writes."""
     if not isinstance(report, dict):
         raise TypeError(f"report must be a dict, got {type(report).__name__}")
     try:
@@ -40,14 +45,36 @@ def save_pruned(path: PathLike, model_name: str, model: nn.Module, masks: Masks,
     for name, mask in masks.items():
         if name not in modules or tuple(mask.shape) != tuple(modules[name].weight.shape):
             raise ValueError(f"masks[{name!r}] does not match a weight of the model")
-    torch.save({
+    if not is_main():
+        return
+    atomic_save({
         "format": FORMAT,
         "version": VERSION,
         "model_name": model_name,
+        "num_classes": num_classes,
         "state_dict": {key: value.detach().cpu() for key, value in model.state_dict().items()},
         "masks": {name: mask.detach().to("cpu", torch.bool) for name, mask in masks.items()},
         "report": report,
     }, path)
+
+
+def pruned_model_name(path: PathLike) -> str:
+    """The model name a `save_pruned` file records (a zoo name, or e.g. "torchvision:resnet18")."""
+    return _read(path)["model_name"]
+
+
+def _read(path: PathLike) -> dict:
+    """The checkpoint's payload dict, checked (ValueError otherwise)."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(f"{path}: refused to load, it holds objects other than tensors and plain "
+                         f"containers (weights_only=True): {error}") from error
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a sparsecnn pruned-model checkpoint")
+    if payload.get("version") != VERSION:
+        raise ValueError(f"{path}: checkpoint version {payload.get('version')!r}, expected {VERSION}")
+    return payload
 
 
 def load_pruned(path: PathLike, model: Optional[nn.Module] = None) -> Tuple[nn.Module, Masks, dict]:
@@ -58,17 +85,9 @@ def load_pruned(path: PathLike, model: Optional[nn.Module] = None) -> Tuple[nn.M
     its mask is exactly zero. Raises ValueError for a file that is not such a checkpoint or that holds
     pickled objects other than tensors and plain containers.
     """
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise ValueError(f"{path}: refused to load, it holds objects other than tensors and plain "
-                         f"containers (weights_only=True): {error}") from error
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a sparsecnn pruned-model checkpoint")
-    if payload.get("version") != VERSION:
-        raise ValueError(f"{path}: checkpoint version {payload.get('version')!r}, expected {VERSION}")
+    payload = _read(path)
     if model is None:
-        model = build_model(payload["model_name"])
+        model = build_model(payload["model_name"], payload.get("num_classes"))
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as error:

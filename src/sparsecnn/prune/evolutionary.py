@@ -33,6 +33,7 @@ from torch import nn
 from sparsecnn.data import Batches
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.targets import SparsityTarget, layer_sparsities
+from sparsecnn.prune.distributed import broadcast_object, broadcast_tensors_, shard_for_this_rank
 from sparsecnn.prune.training import TrainConfig, accuracy, apply_masks_, train_epochs
 
 KeepCounts = Dict[str, int]
@@ -225,7 +226,7 @@ def layers_under_pruning(model: nn.Module, sparsity: SparsityTarget, settings: E
 def evolutionary_prune_(model: nn.Module, split, sparsity: SparsityTarget, *, seed: int = 0,
                         population: int = 8, generations: int = 30, alpha: float = 0.1,
                         uniform_per_channel: bool = False, progress: bool = False,
-                        epochs: Optional[int] = None, **settings) -> Masks:
+                        epochs: Optional[int] = None, train: Optional[TrainConfig] = None, **settings) -> Masks:
     """Prune `model` in place with Algorithm 2, retraining on `split`'s training part (a
     `DigitsSplit`-like object; moved to the model's device; its test part is never used).
 
@@ -236,17 +237,24 @@ def evolutionary_prune_(model: nn.Module, split, sparsity: SparsityTarget, *, se
     its own fraction (with `uniform_per_channel`, to the nearest whole count per channel).
     `epochs` (the method registry's option) sets the final fine-tuning length; each iteration
     retrains `retrain_epochs`. `batch_size` and other keywords are fields of `EvolutionSettings`.
+    `train`: settings of every retraining besides epochs, lr and seed (momentum, weight decay,
+    precision); a run state is refused, the search itself is not checkpointed. In a distributed run
+    rank 0 measures the accuracies and chooses the masks, broadcast to every rank.
     Returns {module path: bool mask}.
     """
+    train = TrainConfig() if train is None else train
+    if train.state is not None:
+        raise ValueError("evolutionary_prune_: train.state (a RunState) is not supported, the search is not "
+                         "checkpointed; run without one")
     if epochs is not None:
         settings["final_epochs"] = epochs
     config = EvolutionSettings(population=population, generations=generations, alpha=alpha,
                                uniform_per_channel=uniform_per_channel, **settings)
     if not isinstance(sparsity, Mapping) and not 0.0 <= float(sparsity) <= config.max_layer_sparsity:
         raise ValueError(f"sparsity must be in [0, max_layer_sparsity={config.max_layer_sparsity}], got {sparsity!r}")
-    search = _Search(model, split, sparsity, config, seed)
+    search = _Search(model, split, sparsity, config, seed, train)
     search.run(progress)
-    train_epochs(model, search.train, TrainConfig(config.final_epochs, config.lr, seed=seed + 1, progress=progress),
+    train_epochs(model, search.train, train.phase(config.final_epochs, config.lr, seed + 1, progress),
                  masks=search.masks, description="evolutionary final retraining")
     return {name: mask.clone() for name, mask in search.masks.items()}
 
@@ -254,8 +262,9 @@ def evolutionary_prune_(model: nn.Module, split, sparsity: SparsityTarget, *, se
 class _Search:
     """State of one Algorithm 2 run: current masks and kept counts, steps, ranked list."""
 
-    def __init__(self, model: nn.Module, split, sparsity: SparsityTarget, config: EvolutionSettings, seed: int):
-        self.model, self.config, self.seed = model, config, seed
+    def __init__(self, model: nn.Module, split, sparsity: SparsityTarget, config: EvolutionSettings, seed: int,
+                 train: TrainConfig):
+        self.model, self.config, self.seed, self.train_config = model, config, seed, train
         self.rng = random.Random(seed)
         self.train, self.validation = _train_validation(split, next(model.parameters()).device, config, seed)
         self.layers = layers_under_pruning(model, sparsity, config)
@@ -276,7 +285,7 @@ class _Search:
         self.step_bounds = (first_step / 10.0, 2.0 * first_step)
         self.steps = {layer.name: first_step for layer in self.layers}
         self.changed: List[str] = []
-        self.accuracy = accuracy(model, self.validation)
+        self.accuracy = broadcast_object(accuracy(model, self.validation))
         self.ranked = [Solution(self.accuracy, dict(self.keep), _clone(self.masks))]
         self.rewind_point = copy.deepcopy(model.state_dict())
         self.mean_gradients: Dict[str, torch.Tensor] = {}
@@ -298,7 +307,7 @@ class _Search:
 
     def _iterate(self, iteration: int) -> None:
         self._retrain(iteration)
-        previous, self.accuracy = self.accuracy, accuracy(self.model, self.validation)
+        previous, self.accuracy = self.accuracy, broadcast_object(accuracy(self.model, self.validation))
         sensitivity = self.accuracy - previous
         low, high = self.step_bounds
         for name in self.changed:
@@ -328,8 +337,8 @@ class _Search:
                 sums[name] += self.modules[name].weight.grad.float()
             steps[0] += 1
 
-        train_epochs(self.model, self.train, TrainConfig(self.config.retrain_epochs, self.config.lr,
-                                                         seed=self.seed + iteration),
+        train_epochs(self.model, self.train, self.train_config.phase(self.config.retrain_epochs, self.config.lr,
+                                                                     self.seed + iteration, False),
                      masks=self.masks, step_hook=record)
         self.mean_gradients = {name: total / max(steps[0], 1) for name, total in sums.items()}
 
@@ -354,6 +363,7 @@ class _Search:
             weight = self.modules[name].weight
             scores = importance(weight, self.mean_gradients[name].to(weight.dtype), self.config.alpha)
             self.masks[name] = importance_mask(scores, keep[name], self.config.uniform_per_channel)
+        broadcast_tensors_(self.masks)  # rank 0's choice
         self.keep, self.changed = keep, changed
 
     def _crossover(self, chosen: Sequence[str]) -> None:
@@ -378,7 +388,7 @@ def _train_validation(split, device: torch.device, config: EvolutionSettings, se
     held_out = max(1, round(config.validation_fraction * order.numel()))
     validation, train = order[:held_out], order[held_out:]
     x, y = split.train_x.to(device), split.train_y.to(device)
-    return (Batches(x[train], y[train], config.batch_size, shuffle=True, seed=seed),
+    return (shard_for_this_rank(Batches(x[train], y[train], config.batch_size, shuffle=True, seed=seed)),
             Batches(x[validation], y[validation], 512))
 
 

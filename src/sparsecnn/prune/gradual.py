@@ -7,11 +7,12 @@ ends at exactly s_f; a fine-tuning phase with the masks fixed follows.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 from torch import nn
 
+from sparsecnn.prune.distributed import broadcast_tensors_
 from sparsecnn.prune.magnitude import Masks, _check_sparsity, magnitude_mask
 from sparsecnn.prune.targets import SparsityTarget, layer_sparsities
 from sparsecnn.prune.training import (
@@ -37,15 +38,19 @@ def polynomial_sparsity(step: int, total_steps: int, final_sparsity: float,
 
 @torch.no_grad()
 def _remask_(weights: Dict[str, torch.Tensor], masks: Masks, sparsities: Dict[str, float]) -> None:
+    """Masks at `sparsities` from rank 0's weights (broadcast), applied to `weights` in place."""
     for name, weight in weights.items():
         masks[name] = magnitude_mask(weight, sparsities[name])
+    broadcast_tensors_(masks)
+    for name, weight in weights.items():
         weight.mul_(masks[name])
 
 
 def gradual_prune_(model: nn.Module, batches: Iterable, sparsity: SparsityTarget, *,
                    prune_epochs: int = 8, finetune_epochs: int = 6, prune_every: int = 10,
                    initial_sparsity: float = 0.0, lr: float = 0.01, finetune_lr: float = 0.01,
-                   seed: int = 0, progress: bool = False, loss: Loss = classification_loss) -> Masks:
+                   seed: int = 0, progress: bool = False, loss: Loss = classification_loss,
+                   train: Optional[TrainConfig] = None) -> Masks:
     """Prune the trained `model` in place on the cubic schedule, then fine-tune with masks fixed.
 
     batches: sized, re-iterable training batches (a list, `data.Batches`, a DataLoader), each one
@@ -53,10 +58,12 @@ def gradual_prune_(model: nn.Module, batches: Iterable, sparsity: SparsityTarget
     weights, one float for the default layers (`targets.pruned_layers`) or {module path: fraction};
     every layer starts at `initial_sparsity` (capped at its target) and reaches its target after
     `prune_epochs` passes, re-masked every `prune_every` optimiser steps. Returns {module path: bool
-    mask}; each layer keeps exactly round((1 - s) * numel) weights.
+    mask}; each layer keeps exactly round((1 - s) * numel) weights. train: settings of both phases
+    besides their epochs, learning rate and seed (momentum, weight decay, precision, run state).
     """
-    prune = TrainConfig(prune_epochs, lr, seed=seed, progress=progress)
-    finetune = TrainConfig(finetune_epochs, finetune_lr, seed=seed + 1, progress=progress)
+    train = TrainConfig() if train is None else train
+    prune = train.phase(prune_epochs, lr, seed, progress)
+    finetune = train.phase(finetune_epochs, finetune_lr, seed + 1, progress)
     return gradual_phases_(model, batches, sparsity, prune, finetune, loss=loss, prune_every=prune_every,
                            initial_sparsity=initial_sparsity)[0]
 

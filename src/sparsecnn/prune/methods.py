@@ -13,6 +13,9 @@ Adding one: `register_method("name", fn)`.
 `torch.utils.data.DataLoader`) and any loss `(model, batch) -> tensor`; the digits "magnitude"
 method is one call of it, "gradual" shares its loop (`gradual.gradual_phases_`). "admm" takes a
 `loss` through `admm_prune_`; "evolutionary", "reprune" and "reprune-tiles" still take a digits split.
+Every built-in method takes `train`, a `TrainConfig` whose momentum, weight decay, precision and
+run state apply to all its phases. In a distributed run `training_batches` gives each rank its
+share of every batch, and masks are decided on rank 0 and broadcast.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from torch import nn
 
 from sparsecnn.data import Batches
+from sparsecnn.prune.distributed import broadcast_tensors_, shard_for_this_rank
 from sparsecnn.prune.admm import admm_prune_
 from sparsecnn.prune.evolutionary import evolutionary_prune_
 from sparsecnn.prune.gradual import gradual_phases_, gradual_prune_
@@ -72,17 +76,21 @@ def prune_with(method: str, model: nn.Module, split, sparsity: SparsityTarget, s
     return fn(model, split, sparsity, seed=seed, progress=progress, **options)
 
 
-def training_batches(model: nn.Module, split, batch_size: int = 64, seed: int = 0) -> Batches:
-    """Shuffled, seeded mini-batches of the split's training part on `model`'s device."""
+def training_batches(model: nn.Module, split, batch_size: int = 64, seed: int = 0) -> Iterable:
+    """Shuffled, seeded mini-batches of `batch_size` samples of the split's training part on
+    `model`'s device (a `Batches`); in a distributed run, this rank's part of each of them."""
     device = next(model.parameters()).device
-    return Batches(split.train_x.to(device), split.train_y.to(device), batch_size, shuffle=True, seed=seed)
+    batches = Batches(split.train_x.to(device), split.train_y.to(device), batch_size, shuffle=True, seed=seed)
+    return shard_for_this_rank(batches)
 
 
 def train_dense_(model: nn.Module, split, epochs: int = 8, lr: float = 0.02, seed: int = 0,
-                 batch_size: int = 64, progress: bool = False) -> None:
-    """Train `model` on the split's training part without masks (the dense starting point)."""
+                 batch_size: int = 64, progress: bool = False, train: Optional[TrainConfig] = None) -> None:
+    """Train `model` on the split's training part without masks (the dense starting point);
+    `train` supplies the settings besides epochs, lr and seed (precision, run state, ...)."""
+    train = TrainConfig() if train is None else train
     train_epochs(model, training_batches(model, split, batch_size, seed),
-                 TrainConfig(epochs, lr, seed=seed, progress=progress), description="dense")
+                 train.phase(epochs, lr, seed, progress), description="dense")
 
 
 def top1_accuracy(model: nn.Module, split, batch_size: int = 512) -> float:
@@ -96,10 +104,11 @@ def _phase(epochs: Optional[int], default: int) -> int:
 
 
 def magnitude_method(model: nn.Module, split, sparsity: SparsityTarget, seed: int = 0, progress: bool = False,
-                     epochs: Optional[int] = None, batch_size: int = 64, lr: float = 0.01) -> Masks:
+                     epochs: Optional[int] = None, batch_size: int = 64, lr: float = 0.01,
+                     train: Optional[TrainConfig] = None) -> Masks:
     """One-shot magnitude pruning of each layer to its target, then `epochs` (default 8) of masked
     fine-tuning."""
-    train = TrainConfig(_phase(epochs, 8), lr, seed=seed, progress=progress)
+    train = (TrainConfig() if train is None else train).phase(_phase(epochs, 8), lr, seed, progress)
     return prune_and_finetune(model, sparsity, training_batches(model, split, batch_size, seed), train=train)[0]
 
 
@@ -141,7 +150,8 @@ def prune_and_finetune(model: nn.Module, sparsity: SparsityTarget, batches: Iter
     method "gradual": `gradual_prune_`'s cubic schedule over `prune_epochs` (option; default
     `train.epochs`) passes of `train`, re-masking every `prune_every` (option, 10) steps from
     `initial_sparsity` (option, 0), then `train.epochs` of fine-tuning with seed `train.seed + 1`;
-    it needs `len(batches)`.
+    it needs `len(batches)`. Under torchrun each rank passes its own share of the batches (a
+    DataLoader with a `DistributedSampler`); the masks are rank 0's, broadcast.
 
     Returns (masks {module path: bool tensor}, report {"method", "sparsity": {module path:
     measured fraction of zeros}, "loss": mean loss of the last fine-tuning epoch (nan for 0
@@ -164,7 +174,8 @@ def prune_and_finetune(model: nn.Module, sparsity: SparsityTarget, batches: Iter
         report["metric_before"] = float(evaluate(model))
     if method == "magnitude":
         modules = dict(model.named_modules())
-        masks = {name: magnitude_mask(modules[name].weight, target) for name, target in targets.items()}
+        masks = broadcast_tensors_({name: magnitude_mask(modules[name].weight, target)
+                                    for name, target in targets.items()})
         apply_masks_(model, masks)
         report["loss"] = train_epochs(model, batches, train, loss, masks=masks, description="magnitude fine-tune")
     else:

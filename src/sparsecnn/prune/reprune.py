@@ -50,7 +50,8 @@ from sparsecnn.backends.blocks.format import (
 )
 from sparsecnn.core.csr import CSRWeight
 from sparsecnn.prune.magnitude import Masks
-from sparsecnn.prune.training import TrainConfig, train_epochs
+from sparsecnn.prune.distributed import broadcast_tensors_
+from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
 
 C1 = 1.0  # time to write one output row (paper 000, Sec. 5.2: C1 = C2 = 1)
 C2 = 1.0  # time to read one input row
@@ -410,7 +411,7 @@ def reprune_(model: nn.Module, masks: Masks, b3: float, params: Optional[BlockPa
 
 def reprune_method(model: nn.Module, split, sparsity, seed: int = 0, progress: bool = False,
                    epochs: Optional[int] = None, batch_size: int = 64, lr: float = 0.01, b3: float = 0.2,
-                   t2: int = 4, retrain_epochs: int = 4) -> Masks:
+                   t2: int = 4, retrain_epochs: int = 4, train: Optional[TrainConfig] = None) -> Masks:
     """Pruning method "reprune" (see `methods`): the "magnitude" method (prune, fine-tune `epochs`),
     then Algorithm 1 (`BlockParams(t2=t2)`; 4 suits convs of < 100 kernels, where t1 = 8 groups
     hold too few rows for t2 = 8) and re-pruning of the convs with `b3`, then `retrain_epochs` of
@@ -423,9 +424,11 @@ def reprune_method(model: nn.Module, split, sparsity, seed: int = 0, progress: b
     )
 
     masks = get_method("magnitude")(model, split, sparsity, seed=seed, progress=progress, epochs=epochs,
-                                    batch_size=batch_size, lr=lr)
+                                    batch_size=batch_size, lr=lr, train=train)
     _, retrain_masks, _ = reprune_(model, masks, b3, BlockParams(t2=t2))
+    retrain_masks = broadcast_tensors_(retrain_masks)  # rank 0's re-pruning decisions
+    apply_masks_(model, retrain_masks)
     train_epochs(model, training_batches(model, split, batch_size, seed),
-                 TrainConfig(retrain_epochs, lr, seed=seed, progress=progress), masks=retrain_masks,
+                 (train or TrainConfig()).phase(retrain_epochs, lr, seed, progress), masks=retrain_masks,
                  description="reprune re-train")
     return retrain_masks

@@ -35,7 +35,8 @@ import torch
 from torch import nn
 
 from sparsecnn.prune.magnitude import Masks
-from sparsecnn.prune.training import TrainConfig, train_epochs
+from sparsecnn.prune.distributed import broadcast_tensors_
+from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
 
 TILE_SIZES = (16, 32, 64)
 ORDERS = ("greedy", "none")
@@ -303,7 +304,7 @@ def reprune_tiles_(model: nn.Module, masks: Masks,
 def reprune_tiles_method(model: nn.Module, split, sparsity, seed: int = 0, progress: bool = False,
                          epochs: Optional[int] = None, batch_size: int = 64, lr: float = 0.01,
                          tile: Union[int, str] = 32, remainder: float = 0.0, order: str = "greedy",
-                         retrain_epochs: Optional[int] = None) -> Masks:
+                         retrain_epochs: Optional[int] = None, train: Optional[TrainConfig] = None) -> Masks:
     """Pruning method "reprune-tiles" (see `methods`): the "magnitude" method (prune each layer to its
     target, fine-tune `epochs`, default 8), then `reprune_tiles_` of the convs at the same kept count
     (`TileParams(tile, None, remainder, order)`), then `retrain_epochs` (default: `epochs` when given,
@@ -315,10 +316,12 @@ def reprune_tiles_method(model: nn.Module, split, sparsity, seed: int = 0, progr
 
     params = TileParams(tile=tile, sparsity=None, remainder=remainder, order=order)
     masks = get_method("magnitude")(model, split, sparsity, seed=seed, progress=progress, epochs=epochs,
-                                    batch_size=batch_size, lr=lr)
+                                    batch_size=batch_size, lr=lr, train=train)
     masks, _ = reprune_tiles_(model, masks, params)
+    masks = broadcast_tensors_(masks)  # rank 0's re-pruning decisions
+    apply_masks_(model, masks)
     retrain = retrain_epochs if retrain_epochs is not None else (4 if epochs is None else epochs)
     train_epochs(model, training_batches(model, split, batch_size, seed),
-                 TrainConfig(retrain, lr, seed=seed, progress=progress), masks=masks,
+                 (train or TrainConfig()).phase(retrain, lr, seed, progress), masks=masks,
                  description="reprune-tiles re-train")
     return masks

@@ -9,12 +9,22 @@ a time. Tensors in a batch (also inside tuples, lists and dicts) are moved to th
 Masks follow the pruning contract: {module path: bool tensor shaped like that module's weight},
 True where the weight may be non-zero. After every optimiser step the masked weights are zeroed
 again, so a pruned model stays exactly as sparse as its masks.
+
+Run under torchrun (torch.distributed initialised, or WORLD_SIZE > 1 in the environment) the loop
+trains through DistributedDataParallel: each rank iterates its own batches (a DataLoader with a
+`DistributedSampler`, or `distributed.ShardedBatches`) and `loss` receives the DDP wrapper (reach
+the model's own attributes through `.module`). `TrainConfig.precision` runs the forward and loss
+under autocast; `TrainConfig.state` (a `resume.RunState`) makes the run restartable. Rank 0 logs
+one line per epoch to the "sparsecnn.prune" logger.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import math
 import numbers
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -22,6 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparsecnn.prune.distributed import init_from_env, is_distributed, is_main, wrap_ddp
+from sparsecnn.prune.resume import RunState
+
+log = logging.getLogger("sparsecnn.prune")
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 Masks = Dict[str, torch.Tensor]
 Batch = Tuple[torch.Tensor, torch.Tensor]
 # (model, batch) -> scalar loss tensor; the batch is whatever the iterable yields, on the model's device.
@@ -39,7 +54,10 @@ class TrainConfig:
     """Settings of one `train_epochs` run: SGD with `momentum` and `weight_decay`, learning rate
     `lr` decayed on a cosine over all steps when the batches have a length (constant otherwise),
     `epochs` passes over the batches, `seed` for torch's global generator (dropout and the like;
-    the batch order is the iterable's own), `progress` for a tqdm bar over epochs."""
+    the batch order is the iterable's own), `progress` for a tqdm bar over epochs (rank 0 only).
+    `precision`: "fp32", or "bf16" / "fp16" for the forward and loss under autocast (weights and
+    optimiser stay fp32; "fp16" scales the loss with a GradScaler). `state`: a `resume.RunState`
+    that records every epoch and resumes a killed run (share one between a run's phases)."""
 
     epochs: int = 8
     lr: float = 0.01
@@ -47,6 +65,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     progress: bool = False
+    precision: str = "fp32"
+    state: Optional[RunState] = None
 
     def __post_init__(self):
         for name in ("epochs", "seed"):
@@ -67,10 +87,19 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if not isinstance(self.progress, bool):
             raise TypeError(f"TrainConfig.progress must be a bool, got {self.progress!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.state is not None and not isinstance(self.state, RunState):
+            raise TypeError(f"TrainConfig.state must be a RunState or None, got {type(self.state).__name__}")
 
     def replace(self, **changes) -> "TrainConfig":
         """A copy with `changes` (checked again)."""
         return dataclasses.replace(self, **changes)
+
+    def phase(self, epochs: int, lr: float, seed: int, progress: bool) -> "TrainConfig":
+        """This config for one phase of a pruning method: the phase's `epochs`, `lr`, `seed` and
+        `progress`, this config's momentum, weight decay, precision and state."""
+        return self.replace(epochs=epochs, lr=lr, seed=seed, progress=progress)
 
 
 def classification_loss(model: nn.Module, batch) -> torch.Tensor:
@@ -134,14 +163,17 @@ def apply_masks_(model: nn.Module, masks: Optional[Masks]) -> None:
 
 def train_epochs(model: nn.Module, batches: Iterable, config: TrainConfig, loss: Loss = classification_loss,
                  masks: Optional[Masks] = None, extra_loss: Optional[ExtraLoss] = None,
-                 step_hook: Optional[StepHook] = None, description: str = "train") -> float:
+                 step_hook: Optional[StepHook] = None, description: str = "train",
+                 extra_state: Optional[Any] = None) -> float:
     """Train `model` with SGD as `config` says (a `TrainConfig`) for `config.epochs` passes over
     `batches`, minimising `loss(model, batch)` (+ `extra_loss(model)` when given).
 
     batches: re-iterable (each epoch iterates it afresh), streamed one batch at a time, never
     collected; the cosine learning-rate schedule needs its `len()` and is left out without one.
-    `masks` are re-applied after every step (and once before the first). Returns the mean loss of
-    the last epoch (nan for 0 epochs).
+    `masks` are re-applied after every step (and once before the first); a resumed run updates
+    the dict in place. extra_state: an object with state_dict()/load_state_dict() that
+    `config.state` saves and restores with the rest (ADMM's Z, U and rho). Returns the mean loss of
+    the last epoch over every rank (nan for 0 epochs).
     """
     from tqdm.auto import tqdm
 
@@ -152,32 +184,94 @@ def train_epochs(model: nn.Module, batches: Iterable, config: TrainConfig, loss:
     model.train()
     apply_masks_(model, masks)
     device = _device(model)
-    optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                                weight_decay=config.weight_decay)
-    steps_per_epoch = batch_count(batches)
-    total = None if steps_per_epoch is None else config.epochs * steps_per_epoch
-    schedule = None if total is None else torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, max(total, 1))
-    step, last_loss = 0, float("nan")
-    for _ in tqdm(range(config.epochs), desc=description, disable=not config.progress, leave=False):
+    init_from_env(device)
+    loop = _Loop(model, batches, config, device)
+    parts = dict(model=model, optimiser=loop.optimiser, schedule=loop.schedule, scaler=loop.scaler,
+                 batches=batches if hasattr(batches, "state_dict") else None, extra=extra_state)
+    phase = None if config.state is None else config.state.begin(description)
+    resumed = None if phase is None else config.state.resume(phase, parts, masks)
+    start, step, last_loss = (0, 0, float("nan")) if resumed is None else (resumed["epoch"], resumed["step"],
+                                                                          resumed["loss"])
+    if start >= config.epochs:
+        return last_loss
+    trained = wrap_ddp(model)
+    for epoch in tqdm(range(start, config.epochs), desc=description, disable=not (config.progress and is_main()),
+                      leave=False, initial=start, total=config.epochs):
+        began = time.perf_counter()
+        _set_epoch(batches, epoch)
         loss_sum, count = 0.0, 0
         for batch in batches:
-            value = loss(model, to_device(batch, device))
-            if extra_loss is not None:
-                value = value + extra_loss(model)
-            optimiser.zero_grad(set_to_none=True)
-            value.backward()
-            optimiser.step()
-            if schedule is not None:
-                schedule.step()
+            value = loop.step(trained, to_device(batch, device), loss, extra_loss)
             apply_masks_(model, masks)
             if step_hook is not None:
                 step_hook(model, step)
             step += 1
-            loss_sum += value.item()
+            loss_sum += value
             count += 1
-            batch = value = None  # let this batch go before the iterable makes the next one
-        last_loss = loss_sum / max(count, 1)
+            batch = None  # let this batch go before the iterable makes the next one
+        last_loss = _global_mean(loss_sum, count, device)
+        if is_main():
+            log.info("%s: epoch %d/%d, loss %.4f, lr %.3g, %.1f s", description, epoch + 1, config.epochs,
+                     last_loss, loop.optimiser.param_groups[0]["lr"], time.perf_counter() - began)
+        if phase is not None:
+            config.state.save(phase, epoch + 1, epoch + 1 == config.epochs, step, last_loss, parts, masks, device)
     return last_loss
+
+
+class _Loop:
+    """The optimiser, cosine schedule (None without `len(batches)`) and gradient scaler of one
+    `train_epochs` call, and its step."""
+
+    def __init__(self, model: nn.Module, batches: Iterable, config: TrainConfig, device: torch.device):
+        self.optimiser = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                                         weight_decay=config.weight_decay)
+        steps_per_epoch = batch_count(batches)
+        total = None if steps_per_epoch is None else config.epochs * steps_per_epoch
+        self.schedule = None if total is None else torch.optim.lr_scheduler.CosineAnnealingLR(self.optimiser,
+                                                                                               max(total, 1))
+        self.autocast_dtype = PRECISIONS[config.precision]
+        self.device = device
+        self.scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
+
+    def step(self, model: nn.Module, batch, loss: Loss, extra_loss: Optional[ExtraLoss]) -> float:
+        """One optimiser step on `batch` (already on the device); returns the loss as a float."""
+        autocast = contextlib.nullcontext() if self.autocast_dtype is None else \
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        with autocast:
+            value = loss(model, batch)
+            if extra_loss is not None:
+                value = value + extra_loss(getattr(model, "module", model))
+        self.optimiser.zero_grad(set_to_none=True)
+        if self.scaler is None:
+            value.backward()
+            self.optimiser.step()
+        else:
+            self.scaler.scale(value).backward()
+            self.scaler.step(self.optimiser)
+            self.scaler.update()
+        if self.schedule is not None:
+            self.schedule.step()
+        return value.item()
+
+
+def _set_epoch(batches: Iterable, epoch: int) -> None:
+    """Tell a DataLoader's `DistributedSampler` (or any sampler with `set_epoch`) the epoch, so that
+    its shuffle differs between epochs and is the same on a resumed run."""
+    sampler = getattr(batches, "sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+
+
+def _global_mean(total: float, count: int, device: torch.device) -> float:
+    """total / count summed over every rank (nan when no rank saw a batch)."""
+    if is_distributed():
+        import torch.distributed as dist
+
+        pair = torch.tensor([total, float(count)], dtype=torch.float64,
+                            device=device if device.type == "cuda" else "cpu")
+        dist.all_reduce(pair)
+        total, count = pair.tolist()
+    return total / count if count else float("nan")
 
 
 @torch.no_grad()
