@@ -60,7 +60,8 @@ _reference = reference_with_epilogue
 
 @pytest.mark.parametrize("fields, name", [
     (dict(bk=0), "bk"), (dict(bk=129), "bk"), (dict(threads=48), "threads"), (dict(threads=2048), "threads"),
-    (dict(bk=1.5), "bk"), (dict(out_layout="nhwc"), "out_layout")])
+    (dict(bk=1.5), "bk"), (dict(out_layout="nhwc"), "out_layout"), (dict(slices=0), "slices"),
+    (dict(slices=9), "slices"), (dict(threads=512, slices=4), "slices"), (dict(bk=64, slices=3), "shared memory")])
 def test_config_validation_names_the_field(fields, name):
     with pytest.raises(ValueError, match=name):
         unrolled.UnrolledConfig(**fields)
@@ -108,6 +109,18 @@ def test_columns_list_each_non_zero_once_at_its_padded_offset():
         assert column.offset == column.c * 8 * 9 * 2 + column.r * 9 * 2 + column.s * 2
         for j, value in column.terms:
             assert weight[group[j], column.c, column.r, column.s] == np.float32(value) != 0
+
+
+def test_slices_share_each_groups_columns_by_their_non_zeros():
+    spec = _spec(2, 16, 8, 9, 9, 3, 1, 1)
+    weight = _weight(spec, 0.8).numpy()
+    columns = unrolled_source.group_columns(weight, list(range(8)), spec)
+    for slices in unrolled.SLICE_CHOICES:
+        runs = unrolled_source.slice_columns(columns, slices)
+        assert len(runs) == slices and [c for run in runs for c in run] == columns   # in order, each once
+        fmas = [sum(len(c.terms) for c in run) for run in runs]
+        assert max(fmas) - min(fmas) <= 2 * max(len(c.terms) for c in columns), fmas
+    assert unrolled_source.slice_columns([], 4) == [[], [], [], []]
 
 
 def test_weights_become_exact_immediates():
@@ -187,7 +200,8 @@ def test_every_candidate_compiles_without_spills():
     spec = _spec(32, 64, 96, 14, 14, 3, 1, 1)
     weight = _weight(spec, 0.9).numpy()
     for config in unrolled.CANDIDATES:
-        _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads))
+        _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads,
+                                                                      slices=config.slices))
         assert info.spill_stores == 0 and info.spill_loads == 0, (config, info)
 
 

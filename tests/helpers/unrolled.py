@@ -4,8 +4,11 @@ A small interpreter of the PTX subset the writer emits, vectorised over the thre
 row (blockIdx.y, the group: it selects the same function for all of them): integer address
 arithmetic in int64, predicates, the exit branch (threads past the end leave), the jump table,
 calls, float32 loads, FMAs (exact product and sum in float64, one rounding to float32, as
-fma.rn), adds, max and stores. Buffers live at fake global addresses, so every load and store
-checks it stays inside its buffer. An instruction it does not know fails the test.
+fma.rn), adds, max and stores, and the slices' shared memory (one array per block) and barrier. A
+block's warp rows (%tid.y, the slices) run one after another, slice 0 last: the writer has slices
+1.. store their partial sums and reach the barrier as their last step, and slice 0 read them after
+it. Buffers live at fake addresses, so every load and store checks it stays inside its buffer. An
+instruction it does not know fails the test.
 """
 import re
 
@@ -14,7 +17,7 @@ import numpy as np
 from sparsecnn.backends.unrolled import kernel as unrolled
 from sparsecnn.backends.unrolled import source as unrolled_source
 
-_BASES = {"x": 1 << 40, "bias": 2 << 40, "res": 3 << 40, "y": 4 << 40}
+_BASES = {"x": 1 << 40, "bias": 2 << 40, "res": 3 << 40, "y": 4 << 40, "smem": 5 << 40}
 
 
 def _function_bodies(ptx: str):
@@ -28,18 +31,23 @@ def _function_bodies(ptx: str):
 
 
 class _Machine:
-    def __init__(self, ptx: str, buffers: dict, grid_x: int, threads: int, group: int):
+    def __init__(self, ptx: str, buffers: dict, grid_x: int, threads: int, group: int, part: int = 0,
+                 shared_bytes: int = 0):
         self.functions = _function_bodies(ptx)
         self.buffers = buffers
         count = grid_x * threads
         ids = np.arange(count, dtype=np.int64)
-        self.special = {"%ctaid.x": ids // threads, "%tid.x": ids % threads, "%ctaid.y": np.full(count, group)}
+        self.special = {"%ctaid.x": ids // threads, "%tid.x": ids % threads, "%ctaid.y": np.full(count, group),
+                        "%tid.y": np.full(count, part)}
+        self.shared_bytes = shared_bytes
 
     def value(self, regs, token):
         if token in regs:
             return regs[token]
         if token in self.special:
             return self.special[token]
+        if token == unrolled_source.PARTIALS:   # this block's shared array
+            return _BASES["smem"] + self.special["%ctaid.x"] * self.shared_bytes
         if token.startswith("0f"):
             return np.float32(np.frombuffer(bytes.fromhex(token[2:])[::-1], dtype=np.float32)[0])
         return np.int64(int(token))
@@ -67,7 +75,7 @@ class _Machine:
             predicate = None
             if line.startswith("@"):
                 predicate, line = line.split(" ", 1)
-                predicate = regs[predicate[1:]]
+                predicate = ~regs[predicate[2:]] if predicate.startswith("@!") else regs[predicate[1:]]
             op, _, rest = line.partition(" ")
             operands = [o.strip() for o in re.split(r",(?![^{]*\})", rest)] if rest else []
             if op == "ret":
@@ -106,17 +114,23 @@ class _Machine:
         elif op == "mov.f32":
             regs[dest] = np.full(len(self.special["%tid.x"]), self.value(regs, operands[1]), dtype=np.float32)
         elif op in ("mad.lo.s32", "mul.lo.s32", "sub.s32", "add.s32", "div.s32", "mul.wide.s32", "add.s64",
-                    "and.b32"):
+                    "and.b32", "or.b32", "min.s32"):
             a, b = (self.value(regs, o) for o in operands[1:3])
             result = {"mad.lo.s32": lambda: a * b + self.value(regs, operands[3]), "mul.lo.s32": lambda: a * b,
                       "sub.s32": lambda: a - b, "add.s32": lambda: a + b, "div.s32": lambda: np.sign(a) * (abs(a) // b),
-                      "mul.wide.s32": lambda: a * b, "add.s64": lambda: a + b, "and.b32": lambda: a & b}[op]()
+                      "mul.wide.s32": lambda: a * b, "add.s64": lambda: a + b, "and.b32": lambda: a & b,
+                      "or.b32": lambda: a | b, "min.s32": lambda: np.minimum(a, b)}[op]()
             regs[dest] = np.asarray(result, dtype=np.int64)
+        elif op == "selp.b32":
+            a, b = (self.value(regs, o) for o in operands[1:3])
+            regs[dest] = np.where(regs[operands[3]], a, b).astype(np.int64)
+        elif op == "bar.sync":
+            pass   # slices run in turn (see the module docstring)
         elif op.startswith("setp."):
             a, b = (self.value(regs, o) for o in operands[1:3])
             compare = {"ge": np.greater_equal, "ne": np.not_equal, "eq": np.equal, "lt": np.less}[op.split(".")[1]]
             regs[dest] = np.broadcast_to(compare(a, b), self.special["%tid.x"].shape).copy()
-        elif op.startswith("ld.global"):
+        elif op.startswith(("ld.global", "ld.shared")):
             assert predicate is None or predicate.all(), "the writer predicates loads uniformly"
             buffer, index = self.address(regs, operands[1])
             for e, name in enumerate(dest.strip("{}").split(", ")):
@@ -128,7 +142,10 @@ class _Machine:
             a, b = (self.value(regs, o) for o in operands[1:3])
             result = (a + b) if op == "add.f32" else np.maximum(a, b)
             regs[dest] = result.astype(np.float32) if predicate is None else np.where(predicate, result, regs[dest])
-        elif op.startswith("st.global"):
+        elif op.startswith(("st.global", "st.shared")):
+            if predicate is not None:   # only the threads whose predicate holds store
+                regs = {name: value[predicate] if isinstance(value, np.ndarray) and value.shape else value
+                        for name, value in regs.items()}
             buffer, index = self.address(regs, operands[0])
             for e, name in enumerate(operands[1].strip("{}").split(", ")):
                 buffer[index + e] = regs[name]
@@ -162,8 +179,14 @@ def run_unrolled_on_cpu(x, weight, spec, config, bias, residual, relu, part_fmas
     args.update(p_flags=np.int64(flags), p_sn=np.int64(strides["n"]), p_sk=np.int64(strides["k"]),
                 p_sp=np.int64(strides["p"]), p_sq=np.int64(strides["q"]))
     for groups in modules:
-        ptx = unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads, groups)
+        ptx = unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads, groups, slices=config.slices)
+        declared = re.search(rf"\.shared \.align 4 \.f32 {unrolled_source.PARTIALS}\[(\d+)\];", ptx)
+        shared_floats = int(declared.group(1)) if declared else 0
+        assert (shared_floats > 0) == (config.slices > 1)
         for group in range(len(groups)):
-            _Machine(ptx, buffers, grid_x, config.threads, group).run(unrolled_source.KERNEL_NAME, args)
+            buffers["smem"] = np.full(max(1, grid_x * shared_floats), np.nan, dtype=np.float32)   # unwritten: NaN
+            for part in (*range(1, config.slices), 0):
+                _Machine(ptx, buffers, grid_x, config.threads, group, part, 4 * shared_floats).run(
+                    unrolled_source.KERNEL_NAME, args)
     memory_shape = [(n, k, p, q)[i] for i in order]
     return buffers["y"].reshape(memory_shape).transpose(np.argsort(order))

@@ -60,6 +60,8 @@ PART_FMAS = MAX_KERNEL_FMAS
 _COMPILE_THREADS = 4   # ptxas processes per layer at once (layers compile in parallel workers too)
 OUT_LAYOUTS = ("nchw", "batch_inner")
 BK_CHOICES = (32, 16, 8)
+SLICE_CHOICES = (1, 2, 4)
+MAX_SHARED_BYTES = 48 * 1024   # static shared memory of a block (the partial sums of slices 1..)
 MIN_THREADS_PER_COLUMN = 85   # `auto_config`: threads per input column (C*R*S) a group walks
 
 
@@ -67,14 +69,18 @@ MIN_THREADS_PER_COLUMN = 85   # `auto_config`: threads per input column (C*R*S) 
 class UnrolledConfig:
     """bk: output channels per thread (1..128: its accumulators); threads: threads per block (a
     multiple of 32, at most 1024); out_layout: the layout of a new output, "nchw" (contiguous) or
-    "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N)); not tuned: `tuning.layout` sets it."""
+    "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N)); not tuned: `tuning.layout` sets it; slices:
+    warp rows per block (1..8), each walking a share of the group's input columns for the same
+    positions, the partial sums added through shared memory: `slices` times the warps, for layers
+    whose few positions leave the GPU's schedulers idle (latency-bound: Nsight Compute)."""
 
     bk: int = 32
     threads: int = 128
     out_layout: str = "nchw"
+    slices: int = 1
 
     def __post_init__(self):
-        for name in ("bk", "threads"):
+        for name in ("bk", "threads", "slices"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"UnrolledConfig.{name} must be a positive int, got {value!r}")
@@ -82,6 +88,12 @@ class UnrolledConfig:
             raise ValueError(f"UnrolledConfig.bk must be at most 128 (accumulators per thread), got {self.bk}")
         if self.threads % 32 or self.threads > 1024:
             raise ValueError(f"UnrolledConfig.threads must be a multiple of 32 and <= 1024, got {self.threads}")
+        if self.slices > 8 or self.threads * self.slices > 1024:
+            raise ValueError(f"UnrolledConfig.slices must be at most 8 with threads * slices <= 1024, got "
+                             f"{self.slices} slices of {self.threads} threads")
+        if 4 * (self.slices - 1) * self.bk * self.threads > MAX_SHARED_BYTES:
+            raise ValueError(f"UnrolledConfig.slices: {self.slices} slices of bk={self.bk} x {self.threads} threads "
+                             f"need more than {MAX_SHARED_BYTES} bytes of shared memory for their partial sums")
         if self.out_layout not in OUT_LAYOUTS:
             raise ValueError(f"UnrolledConfig.out_layout must be one of {OUT_LAYOUTS}, got {self.out_layout!r}")
 
@@ -91,7 +103,8 @@ class UnrolledConfig:
 
 
 # Batch-innermost outputs (see `auto_config`); `auto` tries one of these per layer.
-CANDIDATES = tuple(UnrolledConfig(bk, threads, "batch_inner") for bk in BK_CHOICES for threads in (128, 64))
+CANDIDATES = tuple(UnrolledConfig(bk, threads, "batch_inner", slices) for slices in SLICE_CHOICES
+                   for bk in BK_CHOICES for threads in (128, 64))
 
 
 def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
@@ -186,7 +199,7 @@ def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig, arc
     artefact would pay it for every layer."""
     layer = dataclasses.replace(spec, name="")
     return toolchain.cache_key("unrolled", weight.numpy().tobytes(), tuple(weight.shape), repr(layer), config.bk,
-                               config.threads, _generator_digest(), toolchain.toolchain_id(arch))
+                               config.threads, config.slices, _generator_digest(), toolchain.toolchain_id(arch))
 
 
 def layer_modules(weight: np.ndarray, config: UnrolledConfig,
@@ -219,7 +232,8 @@ def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
             missing = [index for index, cubin in enumerate(cubins) if cubin is None]
             with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(missing), _COMPILE_THREADS))) as pool:
                 results = pool.map(lambda index: toolchain.ptxas_cubin(
-                    kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index], arch), arch), missing)
+                    kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index], arch, config.slices),
+                    arch), missing)
                 for index, (cubin, info, _) in zip(missing, results):
                     cubins[index] = cubin
                     registers = max(registers, info.registers)
@@ -270,7 +284,8 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
     ints = (flags, *out.stride())
 
     def launch(kernel, groups: int, stream: torch.cuda.Stream) -> None:
-        kernel.launch((blocks, groups, 1), (compiled.config.threads, 1, 1), pointers, ints, stream.cuda_stream)
+        kernel.launch((blocks, groups, 1), (compiled.config.threads, compiled.config.slices, 1), pointers, ints,
+                      stream.cuda_stream)
 
     with torch.cuda.device(x.device):
         if len(kernels) == 1:   # eager calls are CPU-bound: no stream fork for one module

@@ -42,6 +42,8 @@ KERNEL_NAME = "sparsecnn_unrolled_conv"
 PTX_VERSION = "8.0"   # >= what sm_80..sm_90 need (7.0..7.8); CUDA 12.0+ drivers take it
 DEFAULT_ARCH = "90"   # the target when none is given (an H100/H200)
 _LOAD_REGISTERS = 16   # rotating load destinations (ptxas renames anyway)
+PARTIALS = "partials"   # shared memory: the partial sums of slices 1.. (slice-major, channel, thread)
+OUTSIDE = 8   # flags bit: the thread's position is past the last one (it stores nothing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,29 +112,51 @@ def split_groups(weight: np.ndarray, groups: Sequence[Sequence[int]], max_fmas: 
     return runs
 
 
+def slice_columns(columns: Sequence[Column], slices: int) -> List[List[Column]]:
+    """`columns` cut into `slices` consecutive runs of about equal non-zeros (FMAs), one per warp row
+    of a block (some may be empty)."""
+    total = sum(len(column.terms) for column in columns)
+    runs: List[List[Column]] = [[] for _ in range(slices)]
+    done = 0
+    for column in columns:
+        index = min(slices - 1, done * slices // max(1, total))
+        runs[index].append(column)
+        done += len(column.terms)
+    return runs
+
+
 class _Writer:
     def __init__(self, weight: np.ndarray, spec: ConvSpec, groups: Sequence[Sequence[int]], threads: int,
-                 arch: str = DEFAULT_ARCH):
+                 arch: str = DEFAULT_ARCH, slices: int = 1, bk: int = 0):
         self.weight, self.spec, self.groups, self.threads, self.arch = weight, spec, groups, threads, arch
+        self.slices = slices
+        self.bk = max([bk, *(len(group) for group in groups)])   # the partial sums' channel stride
         self.lines: List[str] = []
 
     def emit(self, *lines: str) -> None:
         self.lines.extend(lines)
 
     def source(self) -> str:
-        groups = self.groups
+        groups, slices = self.groups, self.slices
         self.emit(f".version {PTX_VERSION}", f".target sm_{self.arch}", ".address_size 64", "")
+        if slices > 1:
+            self.emit(f".shared .align 4 .f32 {PARTIALS}[{(slices - 1) * self.bk * self.threads}];", "")
         for index, group in enumerate(groups):
-            self._group_function(index, group)
+            columns = slice_columns(group_columns(self.weight, group, self.spec), slices)
+            for part in range(slices):
+                self._slice_function(index, part, group, columns[part])
         self.emit(f".visible .entry {KERNEL_NAME}(.param .u64 p_x, .param .u64 p_bias, .param .u64 p_res, "
                   ".param .u64 p_y, .param .u32 p_flags, .param .u32 p_sn, .param .u32 p_sk, .param .u32 p_sp, "
                   ".param .u32 p_sq)",
-                  f".maxntid {self.threads}, 1, 1", "{", ".reg .pred %p<2>; .reg .b32 %r<24>; .reg .b64 %rd<12>;")
+                  f".maxntid {self.threads}, {slices}, 1", "{",
+                  ".reg .pred %p<2>; .reg .b32 %r<24>; .reg .b64 %rd<12>;")
         self._prologue()
-        targets = ", ".join(f"$G{index}" for index in range(len(groups)))
-        self.emit(f"$TABLE: .branchtargets {targets};", "mov.u32 %r20, %ctaid.y;", "brx.idx %r20, $TABLE;")
-        for index in range(len(groups)):
-            self.emit(f"$G{index}:", f"call.uni group{index}, (%rd4, %rd1, %rd6, %rd7, %r0, %r13);",
+        targets = [(index, part) for index in range(len(groups)) for part in range(slices)]
+        self.emit(f"$TABLE: .branchtargets {', '.join(f'$G{i}_{j}' for i, j in targets)};",
+                  "mov.u32 %r20, %ctaid.y;", "mov.u32 %r22, %tid.y;", f"mad.lo.s32 %r20, %r20, {slices}, %r22;",
+                  "brx.idx %r20, $TABLE;")
+        for index, part in targets:
+            self.emit(f"$G{index}_{part}:", f"call.uni group{index}_{part}, (%rd4, %rd1, %rd6, %rd7, %r0, %r13);",
                       "bra.uni $DONE;")
         self.emit("$DONE:", "ret;", "}")
         return "\n".join(self.lines) + "\n"
@@ -140,16 +164,20 @@ class _Writer:
     def _prologue(self) -> None:
         """m (the thread's (pixel, image) position), the window origin in the padded input, and what
         each group takes: x at the origin (%rd4), bias (%rd1), residual and output at the position
-        (%rd6, %rd7: strides sn, sp, sq in elements) and the channel stride sk (%r13)."""
+        (%rd6, %rd7: strides sn, sp, sq in elements), the channel stride sk (%r13) and the flags
+        (%r0) with bit 3 set past the last position. Such a thread computes the last position
+        again and stores nothing: every warp of a block reaches the barrier of the partial sums."""
         spec, n = self.spec, self.spec.N
         sh, sw = spec.stride
+        positions = spec.P * spec.Q * n
         for index, name in enumerate(("x", "bias", "res", "y")):
             self.emit(f"ld.param.u64 %rd{index}, [p_{name}];", f"cvta.to.global.u64 %rd{index}, %rd{index};")
         self.emit("ld.param.u32 %r0, [p_flags];", "ld.param.u32 %r12, [p_sn];", "ld.param.u32 %r13, [p_sk];",
                   "ld.param.u32 %r14, [p_sp];", "ld.param.u32 %r15, [p_sq];",
                   "mov.u32 %r1, %ctaid.x;", "mov.u32 %r2, %tid.x;",
                   f"mad.lo.s32 %r4, %r1, {self.threads}, %r2;",
-                  f"setp.ge.s32 %p0, %r4, {spec.P * spec.Q * n};", "@%p0 bra $DONE;",
+                  f"setp.ge.s32 %p0, %r4, {positions};", f"selp.b32 %r21, {OUTSIDE}, 0, %p0;",
+                  "or.b32 %r0, %r0, %r21;", f"min.s32 %r4, %r4, {positions - 1};",
                   f"div.s32 %r5, %r4, {n};", f"mul.lo.s32 %r6, %r5, {n};", "sub.s32 %r6, %r4, %r6;",  # pix, img
                   f"div.s32 %r7, %r5, {spec.Q};", f"mul.lo.s32 %r8, %r7, {spec.Q};", "sub.s32 %r8, %r5, %r8;",  # p, q
                   f"mul.lo.s32 %r9, %r7, {sh};", f"mul.lo.s32 %r10, %r8, {sw};",
@@ -161,42 +189,62 @@ class _Writer:
                   "mad.lo.s32 %r16, %r8, %r15, %r16;",
                   "mul.wide.s32 %rd5, %r16, 4;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;")
 
-    def _group_function(self, index: int, group: Sequence[int]) -> None:
-        """One group as a function of its own (ptxas allocates its registers on its own)."""
-        self.emit(f".func group{index}(.param .u64 xb, .param .u64 bias, .param .u64 resm, .param .u64 ym, "
+    def _slice_function(self, index: int, part: int, group: Sequence[int], columns: Sequence[Column]) -> None:
+        """Slice `part` of group `index` as a function of its own (ptxas allocates its registers on
+        its own): its columns' FMAs into the group's accumulators. Slice 0 then adds the other
+        slices' partial sums (shared memory, after the barrier) and stores; the others write theirs."""
+        self.emit(f".func group{index}_{part}(.param .u64 xb, .param .u64 bias, .param .u64 resm, .param .u64 ym, "
                   ".param .u32 flags, .param .u32 sk)", "{",
-                  ".reg .pred %p<4>; .reg .b32 %r<4>; .reg .b64 %rd<6>;",
+                  ".reg .pred %p<5>; .reg .b32 %r<6>; .reg .b64 %rd<6>;",
                   f".reg .f32 %v<{_LOAD_REGISTERS}>; .reg .f32 %a<{max(1, len(group))}>; .reg .f32 %o<3>;",
                   "ld.param.u64 %rd0, [xb];", "ld.param.u64 %rd1, [bias];", "ld.param.u64 %rd2, [resm];",
-                  "ld.param.u64 %rd3, [ym];", "ld.param.u32 %r0, [flags];", "ld.param.u32 %r1, [sk];",
-                  "and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
-                  "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
-                  "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;")
+                  "ld.param.u64 %rd3, [ym];", "ld.param.u32 %r0, [flags];", "ld.param.u32 %r1, [sk];")
         self.emit(*(f"mov.f32 %a{slot}, 0f00000000;" for slot in range(len(group))))
-        for position, column in enumerate(group_columns(self.weight, group, self.spec)):
+        for position, column in enumerate(columns):
             register = f"%v{position % _LOAD_REGISTERS}"
             self.emit(f"ld.global.nc.f32 {register}, [%rd0+{4 * column.offset}];")
             self.emit(*(f"fma.rn.f32 %a{j}, {register}, {f32_hex(value)}, %a{j};" for j, value in column.terms))
+        if self.slices > 1:
+            self.emit(f"mov.u32 %r4, {PARTIALS};", "mov.u32 %r5, %tid.x;", "mad.lo.s32 %r4, %r5, 4, %r4;")
+            if part > 0:
+                self.emit(*(f"st.shared.f32 [%r4+{self._partial_offset(part, j)}], %a{j};" for j in range(len(group))),
+                          "bar.sync 0;", "ret;", "}", "")
+                return
+            self.emit("bar.sync 0;")
+            for j in range(len(group)):
+                for other in range(1, self.slices):
+                    self.emit(f"ld.shared.f32 %o0, [%r4+{self._partial_offset(other, j)}];",
+                              f"add.f32 %a{j}, %a{j}, %o0;")
+        self.emit("and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
+                  "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
+                  "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;",
+                  f"and.b32 %r3, %r0, {OUTSIDE};", "setp.eq.s32 %p4, %r3, 0;")
         for j, channel in enumerate(group):
             self._store(j, channel)
         self.emit("ret;", "}", "")
 
+    def _partial_offset(self, part: int, j: int) -> int:
+        """Byte offset of slice `part`'s partial sum of accumulator j from the thread's first one."""
+        return 4 * ((part - 1) * self.bk + j) * self.threads
+
     def _store(self, j: int, channel: int) -> None:
-        """act(acc + bias + residual) of channel `channel` at the thread's position."""
+        """act(acc + bias + residual) of channel `channel` at the thread's position (none past the last)."""
         self.emit(f"mul.wide.s32 %rd4, %r1, {4 * channel};", "add.s64 %rd5, %rd3, %rd4;",
                   "mov.f32 %o1, 0f00000000;", f"@%p2 ld.global.nc.f32 %o1, [%rd1+{4 * channel}];",
                   f"add.f32 %o0, %a{j}, %o1;",
                   "add.s64 %rd4, %rd2, %rd4;", "@%p3 ld.global.f32 %o2, [%rd4+0];", "@%p3 add.f32 %o0, %o0, %o2;",
-                  "@%p1 max.f32 %o0, %o0, 0f00000000;", "st.global.f32 [%rd5+0], %o0;")
+                  "@%p1 max.f32 %o0, %o0, 0f00000000;", "@%p4 st.global.f32 [%rd5+0], %o0;")
 
 
 def kernel_ptx(weight: np.ndarray, spec: ConvSpec, bk: int, threads: int,
-               groups: Optional[Sequence[Sequence[int]]] = None, arch: str = DEFAULT_ARCH) -> str:
+               groups: Optional[Sequence[Sequence[int]]] = None, arch: str = DEFAULT_ARCH, slices: int = 1) -> str:
     """PTX of the kernel for one layer: weight (K, C, R, S) float32 (zeros pruned), spec the layer at
     its input shape; groups: the channel groups this module computes, blockIdx.y indexing them
     (default: `channel_groups(weight, bk)`, the whole layer in one module); arch: the `.target`
-    ("90": sm_90; plain fp32 PTX, nothing arch-specific)."""
+    ("90": sm_90; plain fp32 PTX, nothing arch-specific); slices: warp rows per block, each taking a
+    share of every group's columns (partial sums added through shared memory)."""
     if tuple(weight.shape) != spec.weight_shape:
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match the layer's {spec.weight_shape}")
     weight = np.ascontiguousarray(weight, dtype=np.float32)
-    return _Writer(weight, spec, channel_groups(weight, bk) if groups is None else groups, threads, arch).source()
+    groups = channel_groups(weight, bk) if groups is None else groups
+    return _Writer(weight, spec, groups, threads, arch, slices, bk).source()
