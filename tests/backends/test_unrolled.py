@@ -166,11 +166,18 @@ def test_all_zero_and_fully_dense_weights_on_the_cpu(density):
 
 
 def test_auto_config_keeps_enough_threads_per_column():
-    assert unrolled.auto_config(_spec(32, 512, 128, 28, 28, 1, 1, 0)).bk == 32    # layer2 1x1: 25088 positions
-    assert unrolled.auto_config(_spec(32, 1024, 256, 14, 14, 1, 1, 0)).bk == 16   # layer3 1x1
-    assert unrolled.auto_config(_spec(32, 256, 256, 14, 14, 3, 1, 1)).bk == 8     # layer3 3x3
-    assert unrolled.auto_config(_spec(32, 512, 2048, 7, 7, 1, 1, 0)).bk == 32     # layer4 expansion
-    assert unrolled.auto_config(_spec(1, 512, 512, 7, 7, 3, 1, 1)).bk == 8        # too few threads at all
+    """bk 32 in one slice where enough threads walk each column, else bk 32 in two slices."""
+    def chosen(*shape):
+        config = unrolled.auto_config(_spec(*shape))
+        assert config in unrolled.CANDIDATES
+        return config.bk, config.slices
+
+    assert chosen(32, 512, 128, 28, 28, 1, 1, 0) == (32, 1)    # layer2 1x1: 25088 positions
+    assert chosen(32, 128, 128, 28, 28, 3, 1, 1) == (32, 1)    # layer2 3x3
+    assert chosen(32, 256, 1024, 14, 14, 1, 1, 0) == (32, 1)   # layer3 expansion
+    assert chosen(32, 1024, 256, 14, 14, 1, 1, 0) == (32, 2)   # layer3 1x1 reduction: bk 16 in one slice
+    assert chosen(32, 256, 256, 14, 14, 3, 1, 1) == (32, 2)    # layer3 3x3: bk 8 in one slice
+    assert chosen(1, 512, 512, 7, 7, 3, 1, 1) == (32, 2)       # too few threads at all
 
 
 def test_layers_the_kernel_cannot_take_are_refused_with_the_reason():
