@@ -4,13 +4,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test gpu-test clean
+.PHONY: demo test gpu-test sanitize clean
 
-$(STAMP): pyproject.toml requirements-ci.txt
+# nvcc/ptxas: the system's CUDA toolkit where core.toolchain finds one, else NVIDIA's pip wheels.
+# g++ is not installed here: tests that need it fail in CI (CI=true) without it.
+HAVE_CUDA_TOOLS := $(PY) -c "import sys; from sparsecnn.core.toolchain import find_tool; \
+	sys.exit(not (find_tool('nvcc') and find_tool('ptxas')))"
+
+$(STAMP): pyproject.toml requirements-ci.txt requirements-cuda-tools.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-ci.txt
 	$(PY) -m pip install -q --no-deps -e .
+	$(HAVE_CUDA_TOOLS) || $(PY) -m pip install -q -r requirements-cuda-tools.txt
+	$(HAVE_CUDA_TOOLS) || echo "warning: no nvcc/ptxas found, even after requirements-cuda-tools.txt" >&2
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -22,6 +29,11 @@ test: $(STAMP)
 # On a GPU machine (torch with CUDA installed): the whole `gpu` suite in chunks, logs under $(OUT).
 gpu-test:
 	OUT=$${OUT:-out} bash scripts/gpu-test.sh all
+
+# On a GPU machine: compute-sanitizer (memcheck, racecheck, initcheck) over one small layer of each
+# backend and dtype; one log per tool under $(OUT).
+sanitize:
+	OUT=$${OUT:-out} bash scripts/sanitize.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info

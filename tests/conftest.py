@@ -1,22 +1,74 @@
-"""Fixtures every test gets: a throwaway tuning cache, a seeded RNG, and the `gpu` marker's skip
-without a GPU. Helpers shared by test files live in `helpers/`."""
+"""Fixtures every test gets: a throwaway tuning cache, a seeded RNG, the `gpu` marker's skip
+without a GPU, and the `requires` marker (`helpers.common.needs`: skipped locally, failed in CI
+when the machine lacks a tool, package or data set). The summary counts the skips by kind; with
+CI=true a skip that is neither GPU-only nor of an optional extra fails the run. Helpers shared by
+test files live in `helpers/`."""
 import os
 import tempfile
 
 import pytest
 import torch
+from helpers.common import GPU_SKIP, IN_CI, OPTIONAL_PREFIX, missing, require
 
 # Autotune decisions of test runs go to a throwaway directory, never the user's cache.
 os.environ.setdefault("SPARSECNN_CACHE_DIR", tempfile.mkdtemp(prefix="sparsecnn-test-cache-"))
 
+_SKIPS = {"gpu": [], "optional": [], "other": []}  # (test id, reason) of each skip, by kind
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires(*names): needs these tools, packages or data sets "
+                                       "(helpers.common.REQUIREMENTS); skipped without them, failed in CI")
+
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    gpu_skip = None if torch.cuda.is_available() else pytest.mark.skip(reason=GPU_SKIP)
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if gpu_skip is not None and "gpu" in item.keywords:
+            item.add_marker(gpu_skip)  # first: a GPU test without a GPU is skipped as such
+        for marker in item.iter_markers("requires"):
+            verdict = missing(*marker.args)
+            if verdict is not None and verdict[0] == "skip":
+                item.add_marker(pytest.mark.skip(reason=verdict[1]))
+
+
+def pytest_runtest_setup(item):
+    # After the skipping plugin's setup (tryfirst): only tests not skipped get here, to fail in CI.
+    for marker in item.iter_markers("requires"):
+        require(*marker.args)
+
+
+def _record_skip(report):
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    kind = "gpu" if GPU_SKIP in reason else "optional" if reason.startswith(OPTIONAL_PREFIX) else "other"
+    _SKIPS[kind].append((report.nodeid, reason))
+
+
+def pytest_runtest_logreport(report):
+    _record_skip(report)
+
+
+def pytest_collectreport(report):
+    _record_skip(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if IN_CI and _SKIPS["other"] and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    counts = {kind: len(skips) for kind, skips in _SKIPS.items()}
+    terminalreporter.write_line(f"skips: {counts['gpu']} GPU-only, {counts['optional']} optional extras, "
+                                f"{counts['other']} other{' (CI=true)' if IN_CI else ''}")
+    if IN_CI and counts["other"]:
+        terminalreporter.write_line(f"FAILED: CI=true allows only GPU-only and optional skips; {counts['other']} "
+                                    "others:", red=True, bold=True)
+        for nodeid, reason in _SKIPS["other"]:
+            terminalreporter.write_line(f"  {nodeid}: {reason}", red=True)
 
 
 @pytest.fixture(autouse=True)

@@ -34,9 +34,11 @@ CACHE = Setting("SPARSECNN_CACHE", "path", "~/.cache/sparsecnn/codegen",
                 "compiled-kernel disk cache (codegen, staged and unrolled backends)")
 CODEGEN_LOADER = Setting("SPARSECNN_CODEGEN_LOADER", " or ".join(CODEGEN_LOADERS),
                          "cuda-python if installed, else cupy", "library that loads and launches cubins")
-NVCC = Setting("SPARSECNN_NVCC", "path", "nvcc on PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, /usr/local/bin",
+NVCC = Setting("SPARSECNN_NVCC", "path", "nvcc on PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, /usr/local/bin, "
+               "NVIDIA's pip wheel",
                "nvcc to run; when set, no search (not executable: no nvcc)")
-PTXAS = Setting("SPARSECNN_PTXAS", "path", "ptxas on PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, /usr/local/bin",
+PTXAS = Setting("SPARSECNN_PTXAS", "path", "ptxas on PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, /usr/local/bin, "
+                "NVIDIA's pip wheel",
                 "ptxas to run; when set, no search (not executable: no ptxas)")
 MAX_PTX_ISA = Setting("SPARSECNN_MAX_PTX_ISA", "major.minor (e.g. 9.0)", "from the driver's CUDA version",
                       "newest PTX ISA the driver accepts (set it if the driver is newer than detected)")

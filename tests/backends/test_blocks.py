@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers.common import INTERPRET, needs_cuda, needs_interpreter
+from helpers.common import INTERPRET, needs_cuda, needs_interpreter, require
 
 from sparsecnn.backends import get_backend
 from sparsecnn.backends.blocks.format import BlockParams, extract_blocks
@@ -20,7 +20,7 @@ from sparsecnn.nn import SparseConv2d
 gpu = pytest.mark.gpu
 
 if INTERPRET or torch.cuda.is_available():
-    kernels = pytest.importorskip("sparsecnn.backends.blocks.kernel")
+    import sparsecnn.backends.blocks.kernel as kernels
     BlocksConfig, BlocksWeight = kernels.BlocksConfig, kernels.BlocksWeight
     blocks_conv2d, candidate_configs, PRECISIONS = kernels.blocks_conv2d, kernels.candidate_configs, kernels.PRECISIONS
 
@@ -169,7 +169,7 @@ def test_paper_example_with_b1_2_stops_after_the_first_iteration():
 
 
 def test_paper_example_with_mtkahypar():
-    pytest.importorskip("mtkahypar")
+    require("mtkahypar")  # an optional extra, not installed by CI: skipped everywhere without it
     weight = paper_example()
     decomposition = extract_blocks(weight, BlockParams(t1=2, t2=2, b1=3, b2=2, partitioner="mtkahypar"))
     assert decomposition.report.partitioner == "mtkahypar"
@@ -250,10 +250,8 @@ def test_block_params_validation_names_the_field():
 def dlmc_weight(layer):
     from sparsecnn.prune import dlmc_layer_mask
 
-    try:
-        mask = dlmc_layer_mask("magnitude_pruning-0.9", layer)
-    except FileNotFoundError as exc:
-        pytest.skip(f"DLMC data not found: {exc}")
+    require("dlmc")  # skipped without the data locally, failed in CI
+    mask = dlmc_layer_mask("magnitude_pruning-0.9", layer)
     return torch.randn(mask.shape, generator=torch.Generator().manual_seed(0)) * mask
 
 
@@ -278,7 +276,7 @@ def test_largest_resnet50_layer_time_is_reported():
 
 
 def test_blocks_config_validation_names_the_field():
-    pytest.importorskip("triton")
+    require("triton")
     from sparsecnn.backends.blocks.kernel import BlocksConfig as Config
 
     for field, value in [("t2", 0), ("block_m", 8), ("block_m", 48), ("block_n", 512), ("block_kred", 128),

@@ -45,3 +45,27 @@ def test_only_the_first_damaged_file_warns(cache):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cache.get("bb2222", "ptx") is None
+
+
+def test_nvidias_pip_wheel_is_the_last_place_looked_in(tmp_path, monkeypatch):
+    import importlib
+    import os
+
+    tool = tmp_path / "site" / "nvidia" / "cu13" / "bin" / "ptxas"  # where nvidia-cuda-nvcc 13.x puts it
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    for name in ("SPARSECNN_PTXAS", "CUDA_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(toolchain, "SEARCH_DIRS", ())
+    assert str(tool.parent) in toolchain.wheel_bin_dirs()
+    assert toolchain.find_tool("ptxas") == str(tool)
+    system = tmp_path / "system" / "ptxas"  # a toolkit on PATH comes first
+    system.parent.mkdir()
+    system.write_text("#!/bin/sh\n")
+    system.chmod(0o755)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(system.parent), str(tmp_path / "empty")]))
+    assert toolchain.find_tool("ptxas") == str(system)

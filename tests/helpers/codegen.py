@@ -1,4 +1,4 @@
-"""Helpers of the codegen tests: toolkit skip marker, sparse weights, value maps, and a runner of
+"""Helpers of the codegen tests: toolkit and g++ markers, sparse weights, value maps, and a runner of
 the emitted CUDA C on the CPU (float32 and float16 kernels); the masked weights and fp64 reference
 with epilogue that the staged and unrolled tests share.
 
@@ -10,19 +10,16 @@ rounding: HFMA2 lanes as one fused multiply-add rounded once to half, conversion
 import subprocess
 
 import numpy as np
-import pytest
 import torch
 
 from sparsecnn.backends.codegen import generator as codegen
 from sparsecnn.backends.codegen import half2, template
-from sparsecnn.core import toolchain
 from sparsecnn.core.reference import reference_conv
 
-HAVE_GXX = subprocess.run(["sh", "-c", "command -v g++"], capture_output=True).returncode == 0
-needs_gxx = pytest.mark.skipif(not HAVE_GXX, reason="needs g++ (C++20) to run generated kernels on the CPU")
-HAVE_TOOLS = bool(toolchain.find_tool("nvcc") and toolchain.find_tool("ptxas"))
-needs_tools = pytest.mark.skipif(not HAVE_TOOLS, reason="needs the CUDA toolkit's nvcc and ptxas (looked on PATH, "
-                                                        "$CUDA_HOME/bin, /usr/local/cuda/bin, /usr/local/bin)")
+from .common import needs
+
+needs_gxx = needs("g++")  # skipped without g++ locally, failed in CI (helpers.common.require)
+needs_tools = needs("nvcc", "ptxas", "g++")  # the CUDA toolkit's or NVIDIA's pip wheel's, and nvcc's host compiler
 
 
 def masked_weight(spec, sparsity: float, seed: int = 0) -> torch.Tensor:

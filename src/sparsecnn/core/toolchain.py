@@ -1,8 +1,9 @@
 """nvcc / ptxas: discovery, PTX ISA check, compilation to PTX and cubin, and the on-disk cache.
 
 Only the CUDA toolkit's own nvcc and ptxas are used (never a pip NVRTC: NVRTC 13.5 emits PTX ISA
-9.5, which a CUDA 13.0 driver refuses). Every PTX we make is checked against the newest ISA the
-driver accepts before it goes further.
+9.5, which a CUDA 13.0 driver refuses): the system's, or where it has none, those of NVIDIA's pip
+wheel nvidia-cuda-nvcc pinned to 13.0 (requirements-cuda-tools.txt). Every PTX we make is checked
+against the newest ISA the driver accepts before it goes further.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import dataclasses
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -33,6 +35,9 @@ MIN_PTX_ISA = {"80": (7, 0), "86": (7, 1), "87": (7, 4), "89": (7, 8), "90": (7,
 NVCC_FLAGS = ("-O3", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true")
 PTXAS_FLAGS = ("-O3", "-v")
 SEARCH_DIRS = ("/usr/local/cuda/bin", "/usr/local/bin")
+# Last resort, NVIDIA's pip wheels in the running interpreter's environment: nvidia-cuda-nvcc 13.x
+# puts nvcc and ptxas in nvidia/cu13/bin, nvidia-cuda-nvcc-cu12 (ptxas only) in nvidia/cuda_nvcc/bin.
+WHEEL_BIN_DIRS = ("cu13/bin", "cuda_nvcc/bin")
 _TOOL_SETTINGS = {"nvcc": settings.nvcc, "ptxas": settings.ptxas}  # $SPARSECNN_NVCC, $SPARSECNN_PTXAS
 DEFAULT_MAX_PTX_ISA = (9, 0)  # CUDA 13.0 drivers (R580): assume this when no driver is present
 # Newest PTX ISA each CUDA driver version accepts (the ISA its toolkit's nvcc emits).
@@ -67,9 +72,20 @@ class PtxasInfo:
                    number(r"(\d+) bytes spill loads"), number(r"(\d+) bytes smem"))
 
 
+def wheel_bin_dirs() -> list:
+    """The bin folders NVIDIA's pip wheels would put nvcc / ptxas in (WHEEL_BIN_DIRS under each
+    folder of the `nvidia` namespace package), whether or not they exist."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    return [os.path.join(root, sub) for root in roots for sub in WHEEL_BIN_DIRS]
+
+
 def find_tool(name: str) -> Optional[str]:
     """Path of `name` (nvcc, ptxas): $SPARSECNN_<NAME>, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin,
-    /usr/local/bin; None if absent."""
+    /usr/local/bin, NVIDIA's pip wheel (`wheel_bin_dirs`); None if absent."""
     explicit = _TOOL_SETTINGS[name]() if name in _TOOL_SETTINGS else None
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
@@ -77,6 +93,7 @@ def find_tool(name: str) -> Optional[str]:
     if found:
         return found
     dirs = ([os.path.join(os.environ["CUDA_HOME"], "bin")] if os.environ.get("CUDA_HOME") else []) + list(SEARCH_DIRS)
+    dirs += wheel_bin_dirs()
     for directory in dirs:
         path = os.path.join(directory, name)
         if os.access(path, os.X_OK):
@@ -88,7 +105,8 @@ def require_tool(name: str) -> str:
     path = find_tool(name)
     if path is None:
         raise ToolchainError(f"{name} not found (looked at $SPARSECNN_{name.upper()}, PATH, $CUDA_HOME/bin, "
-                             f"{', '.join(SEARCH_DIRS)}); install the CUDA toolkit")
+                             f"{', '.join(SEARCH_DIRS)}, NVIDIA's pip wheel); install the CUDA toolkit, or "
+                             f"`pip install -r requirements-cuda-tools.txt` (nvidia-cuda-nvcc 13.0)")
     return path
 
 
