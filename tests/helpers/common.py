@@ -65,12 +65,13 @@ REQUIREMENTS = {
     "safetensors": (lambda: _module("safetensors"), "needs the safetensors package (requirements-ci.txt)"),
     "triton": (lambda: _module("triton"), "needs the triton package (requirements-ci.txt)"),
     "dlmc": (_dlmc, "needs the DLMC ResNet-50 masks: $SPARSECNN_DLMC, or shared/data/dlmc-rn50 in or above "
-                    "the checkout (CI has ../shared beside its clone)"),
-    # Optional extras CI does not install (mtkahypar: with it, the "auto" partitioner turns slow):
-    # skipped everywhere, counted apart in the summary.
+                    "the checkout"),
+    # Optional, skipped everywhere and counted apart in the summary: extras CI does not install
+    # (mtkahypar: with it, the "auto" partitioner turns slow), and the DLMC masks, shared data that
+    # is never committed, so a clone holds them only where ../shared happens to sit beside it.
     "mtkahypar": (lambda: _module("mtkahypar"), "needs the optional mtkahypar package (`pip install mtkahypar`)"),
 }
-OPTIONAL = frozenset({"mtkahypar"})
+OPTIONAL = frozenset({"mtkahypar", "dlmc"})
 OPTIONAL_PREFIX = "optional: "  # how the skip reason of an OPTIONAL requirement starts
 
 
