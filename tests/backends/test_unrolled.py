@@ -212,7 +212,7 @@ def test_every_candidate_compiles_without_spills():
         assert info.spill_stores == 0 and info.spill_loads == 0, (config, info)
 
 
-def test_backend_declares_what_it_runs():
+def test_backend_declares_what_it_runs(generated_backends_ready):
     backend = get_backend("unrolled")
     spec = _spec(32, 256, 256, 14, 14, 3, 1, 1)
     assert dict(backend.dtypes) == {"cuda": (torch.float32,)}

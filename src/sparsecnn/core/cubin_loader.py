@@ -23,6 +23,15 @@ _DEFAULT_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel may use withou
 Dim3 = Tuple[int, int, int]
 
 
+def missing_loader() -> Optional[str]:
+    """None when a loader is available (`loader_name`), else why not."""
+    try:
+        loader_name()
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
 def loader_name() -> str:
     """The loader to use: $SPARSECNN_CODEGEN_LOADER, else the first of LOADERS that imports."""
     chosen = settings.codegen_loader()

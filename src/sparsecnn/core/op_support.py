@@ -28,7 +28,7 @@ import itertools
 import json
 import threading
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -70,6 +70,17 @@ _CODEGEN_LOCK = threading.Lock()
 _CODEGEN_BY_HANDLE: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 _CODEGEN_HANDLES: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
 _NEXT_HANDLE = itertools.count(1)
+
+
+def generated_machine_check(*tools: str) -> Callable[[], Optional[str]]:
+    """A `Backend.machine_check` for a backend whose kernels are compiled with `tools` ("nvcc",
+    "ptxas") and launched through a cubin loader: None when the machine has them, else why not."""
+    def check() -> Optional[str]:
+        from sparsecnn.core import cubin_loader, toolchain
+
+        return toolchain.missing_tools(*tools) or cubin_loader.missing_loader()
+
+    return check
 
 
 def register_codegen(compiled) -> int:

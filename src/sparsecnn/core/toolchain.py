@@ -101,6 +101,16 @@ def find_tool(name: str) -> Optional[str]:
     return None
 
 
+def missing_tools(*names: str) -> Optional[str]:
+    """None when `find_tool` finds every tool of `names` (e.g. "nvcc", "ptxas"), else a sentence
+    naming the missing ones, where they were looked for and how to get them."""
+    absent = [name for name in names if find_tool(name) is None]
+    if not absent:
+        return None
+    return (f"no {' or '.join(absent)} found (looked at $SPARSECNN_NVCC/$SPARSECNN_PTXAS, PATH, $CUDA_HOME/bin, "
+            f"{', '.join(SEARCH_DIRS)}, NVIDIA's pip wheel): install the CUDA toolkit or `pip install \"sparsecnn[gpu]\"`")
+
+
 def require_tool(name: str) -> str:
     path = find_tool(name)
     if path is None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import math
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
@@ -13,6 +14,8 @@ from sparsecnn.core.spec import ConvSpec
 from sparsecnn.tuning.phases import PhaseClock
 from sparsecnn.tuning.precision import PrecisionPolicy, tf32_variant, uses_tf32
 from sparsecnn.tuning.timing import benchmark, eager_wall_ms, time_one_call
+
+_LOG = logging.getLogger("sparsecnn.tuning.select")
 
 # Dense cuDNN in every form the policy allows is always a candidate; "dense" is the baseline.
 DENSE_BACKENDS = ("dense", "dense-tf32", "dense-channels-last", "dense-fused")
@@ -58,20 +61,39 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
     """Every (backend, config) that runs `spec` at the policy's dtype on `device_type`.
 
     The dense backends are always included. Without an explicit `backends` list, a backend is
-    skipped on devices outside its `autotune_devices` and offers only its `auto_configs`. TF32 candidates (a `dense-tf32` backend, and
-    for fp32 the "tf32" variant of every config with a `precision` field) appear only when the
-    policy allows TF32.
+    skipped on devices outside its `autotune_devices` and offers only its `auto_configs`. TF32
+    candidates (a `dense-tf32` backend, and for fp32 the "tf32" variant of every config with a
+    `precision` field) appear only when the policy allows TF32. A backend whose `machine_check`
+    fails (no compiler, no kernel loader) is left out, with one warning per process and reason.
     """
     names = backend_names() if backends is None else [*DENSE_BACKENDS, *backends]
     found: List[Candidate] = []
+    unavailable: Dict[str, List[str]] = {}
     for name in dict.fromkeys(names):
         backend = get_backend(name)
         if backends is None and backend.autotune_devices is not None and device_type not in backend.autotune_devices:
             continue
-        if backend.unsupported_reason(spec, policy.dtype, device_type) is None:
-            configs = _configs(name, spec, policy, auto_only=backends is None)
-            found.extend(Candidate(name, config) for config in configs)
+        if backend.unsupported_reason(spec, policy.dtype, device_type) is not None:
+            continue
+        why = backend.machine_check() if backend.machine_check is not None else None
+        if why is not None:
+            unavailable.setdefault(why, []).append(name)
+            continue
+        configs = _configs(name, spec, policy, auto_only=backends is None)
+        found.extend(Candidate(name, config) for config in configs)
+    for why, left_out in unavailable.items():
+        _say_once(f"{', '.join(left_out)} not tried: {why}")
     return found
+
+
+_SAID: set = set()
+
+
+def _say_once(message: str) -> None:
+    """Log `message` as a warning the first time this process sees it (not once per layer)."""
+    if message not in _SAID:
+        _SAID.add(message)
+        _LOG.warning(message)
 
 
 class Timer(Protocol):

@@ -25,7 +25,7 @@ import torch
 import sparsecnn.settings as settings
 from sparsecnn.backends.codegen import generator as codegen
 from sparsecnn.backends.codegen.op import codegen_conv2d_eager
-from sparsecnn.core.op_support import register_codegen
+from sparsecnn.core.op_support import generated_machine_check, register_codegen
 from sparsecnn.core.registry import (
     Backend,
     KernelCall,
@@ -219,4 +219,5 @@ CODEGEN = register_backend(Backend(
     bind_relu=_bind_relu,
     pending=_pending,
     compile_kernels=_compile_kernels,
+    machine_check=generated_machine_check("nvcc", "ptxas"),
 ))

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from sparsecnn.backends.staged import op
-from sparsecnn.core.op_support import config_json
+from sparsecnn.core.op_support import config_json, generated_machine_check
 from sparsecnn.core.pool_args import PoolArgs
 from sparsecnn.core.registry import Backend, KernelCall, register_backend
 from sparsecnn.core.spec import ConvSpec
@@ -70,4 +70,5 @@ STAGED = register_backend(Backend(
     auto_configs=lambda spec, dtype: _kernels().auto_configs(spec),
     config_from_dict=lambda saved: _kernels().StagedConfig.from_dict(saved),
     batch_inner=lambda config: True,
+    machine_check=generated_machine_check("nvcc", "ptxas"),
 ))

@@ -22,7 +22,7 @@ import torch
 
 import sparsecnn.settings as settings
 from sparsecnn.backends.unrolled import op
-from sparsecnn.core.op_support import config_json, register_codegen
+from sparsecnn.core.op_support import config_json, generated_machine_check, register_codegen
 from sparsecnn.core.registry import Backend, KernelCall, register_backend
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.core.workers import NOTHING, WorkerPool
@@ -155,4 +155,5 @@ UNROLLED = register_backend(Backend(
     batch_inner=lambda config: True,
     writes_nchw=False,   # a warp holds one pixel's images: NCHW stores scatter (`tuning.layout`)
     compile_kernels=_compile_kernels,
+    machine_check=generated_machine_check("ptxas"),
 ))

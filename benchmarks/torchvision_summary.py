@@ -1,0 +1,74 @@
+"""RESULTS.md's torchvision table and headline.json's "torchvision ..." entries from the rows of
+`torchvision_table.py`: per (model, dtype, N) the newest run's cell.
+
+Usage: python benchmarks/torchvision_summary.py RESULTS_FILE.jsonl ...
+Prints the markdown table; rewrites every "torchvision <model> <eager|graph> <dtype> N=<batch>"
+entry of benchmarks/results/headline.json whose cell is in the files (other entries unchanged; an
+entry's "readme" flag is kept, new entries get False).
+"""
+import json
+import sys
+from pathlib import Path
+
+HEADLINE = Path(__file__).parent / "results" / "headline.json"
+MODE_NAMES = {"eager": "eager", "cudagraph": "graph"}
+DTYPE_TEXT = {"tf32": "fp32 at PyTorch's defaults (TF32 convs)", "fp16": "fp16 (channels_last)"}
+CALL_TEXT = {"eager": "plain calls (ours replays its CUDA graphs)", "cudagraph": "captured by the caller in a CUDA graph"}
+
+
+def cells(paths):
+    """{(model, dtype, N): {(backend, mode): row}} of the newest run per cell, and its file."""
+    newest = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            row = json.loads(line)
+            key = (row["model"], row["dtype"], row["N"])
+            if key not in newest or row["date"] > newest[key][0]["date"]:
+                newest[key] = (row, path, {})
+            if newest[key][0]["run"] == row["run"]:
+                newest[key][2][(row["backend"], row["mode"])] = row
+    return {key: (rows, path) for key, (_, path, rows) in newest.items()}
+
+
+def entry(model, dtype, batch, mode, rows, path, readme):
+    ours, dense = rows[("auto", mode)], rows[("cudnn", mode)]
+    config = ours["config"]
+    text_dtype = "fp32" if dtype == "tf32" else dtype
+    return {
+        "name": f"torchvision {model} {MODE_NAMES[mode]} {text_dtype} N={batch}",
+        "what": f"torchvision {model}, random weights, groups=1 convs pruned to 0.9, BatchNorm calibrated on "
+                f"random inputs, whole model, {DTYPE_TEXT[dtype]}, N={batch}, {CALL_TEXT[mode]}; ours: "
+                f"prepare_for_inference + sparsify_ defaults (policy {config['policy']}, kept {config['kept']}, "
+                f"{config['sparse_layers']}/{config['layers']} convs sparse)",
+        "ours_ms": round(ours["median_ms"], 4),
+        "baseline": f"the dense model as given, {DTYPE_TEXT[dtype]}, {CALL_TEXT[mode]}",
+        "baseline_ms": round(dense["median_ms"], 4),
+        "ratio": round(dense["median_ms"] / ours["median_ms"], 3),
+        "device": ours["device"], "commit": ours["commit"], "date": ours["date"][:10],
+        "file": str(Path(path)),
+        "versions": {name: ours[name] for name in ("torch", "cudnn", "triton", "driver")},
+        "rows": {"run": ours["run"],
+                 "ours": {"backend": "auto", "mode": mode, "model": model, "dtype": dtype, "N": batch},
+                 "baseline": {"backend": "cudnn", "mode": mode, "model": model, "dtype": dtype, "N": batch}},
+        "readme": readme,
+    }
+
+
+found = cells(sys.argv[1:])
+headline = json.loads(HEADLINE.read_text())
+flags = {item["name"]: item.get("readme", False) for item in headline["entries"]}
+made = {}
+print("| model | dtype | N | eager | graph | ours ms (graph) | sparse convs | rel. error ours / dense | file |")
+print("|---|---|---:|---:|---:|---:|---:|---|---|")
+for (model, dtype, batch), (rows, path) in sorted(found.items(), key=lambda item: (-item[0][2], item[0])):
+    for mode in MODE_NAMES:
+        item = entry(model, dtype, batch, mode, rows, path, False)
+        made[item["name"]] = {**item, "readme": flags.get(item["name"], False)}
+    ours, dense = rows[("auto", "cudagraph")], rows[("cudnn", "cudagraph")]
+    ratios = [rows[("cudnn", mode)]["median_ms"] / rows[("auto", mode)]["median_ms"] for mode in MODE_NAMES]
+    print(f"| {model} | {'fp32 (TF32 convs)' if dtype == 'tf32' else dtype} | {batch} | {ratios[0]:.2f}x | "
+          f"{ratios[1]:.2f}x | {ours['median_ms']:.3f} | {ours['config']['sparse_layers']}/"
+          f"{ours['config']['layers']} | {ours['rel_err']:.1e} / {dense['rel_err']:.1e} | `{Path(path).name}` |")
+kept = [made.pop(item["name"], item) for item in headline["entries"]]
+headline["entries"] = kept + list(made.values())
+HEADLINE.write_text(json.dumps(headline, indent=1) + "\n")
