@@ -47,6 +47,21 @@ def test_only_the_first_damaged_file_warns(cache):
         assert cache.get("bb2222", "ptx") is None
 
 
+@pytest.mark.parametrize("torch_cuda, expected", [
+    ("13.0", ["cu13/bin"]), ("12.4", ["cuda_nvcc/bin"]), (None, ["cu13/bin", "cuda_nvcc/bin"]), ("11.8", [])])
+def test_the_wheel_of_torchs_cuda_major_version_is_the_one_looked_in(tmp_path, monkeypatch, torch_cuda, expected):
+    import importlib
+
+    import torch
+
+    (tmp_path / "site" / "nvidia").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    root = str(tmp_path / "site" / "nvidia")
+    assert [d[len(root) + 1:] for d in toolchain.wheel_bin_dirs() if d.startswith(root)] == expected
+
+
 def test_nvidias_pip_wheel_is_the_last_place_looked_in(tmp_path, monkeypatch):
     import importlib
     import os
@@ -61,6 +76,7 @@ def test_nvidias_pip_wheel_is_the_last_place_looked_in(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(toolchain, "SEARCH_DIRS", ())
+    monkeypatch.setattr(toolchain, "torch_cuda_major", lambda: 13)
     assert str(tool.parent) in toolchain.wheel_bin_dirs()
     assert toolchain.find_tool("ptxas") == str(tool)
     system = tmp_path / "system" / "ptxas"  # a toolkit on PATH comes first

@@ -35,9 +35,10 @@ MIN_PTX_ISA = {"80": (7, 0), "86": (7, 1), "87": (7, 4), "89": (7, 8), "90": (7,
 NVCC_FLAGS = ("-O3", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=true")
 PTXAS_FLAGS = ("-O3", "-v")
 SEARCH_DIRS = ("/usr/local/cuda/bin", "/usr/local/bin")
-# Last resort, NVIDIA's pip wheels in the running interpreter's environment: nvidia-cuda-nvcc 13.x
-# puts nvcc and ptxas in nvidia/cu13/bin, nvidia-cuda-nvcc-cu12 (ptxas only) in nvidia/cuda_nvcc/bin.
-WHEEL_BIN_DIRS = ("cu13/bin", "cuda_nvcc/bin")
+# Last resort, NVIDIA's pip wheels in the running interpreter's environment, by CUDA major version:
+# nvidia-cuda-nvcc 13.x puts nvcc and ptxas in nvidia/cu13/bin, nvidia-cuda-nvcc-cu12 (ptxas only)
+# in nvidia/cuda_nvcc/bin.
+WHEEL_BIN_DIRS = {13: "cu13/bin", 12: "cuda_nvcc/bin"}
 _TOOL_SETTINGS = {"nvcc": settings.nvcc, "ptxas": settings.ptxas}  # $SPARSECNN_NVCC, $SPARSECNN_PTXAS
 DEFAULT_MAX_PTX_ISA = (9, 0)  # CUDA 13.0 drivers (R580): assume this when no driver is present
 # Newest PTX ISA each CUDA driver version accepts (the ISA its toolkit's nvcc emits).
@@ -72,15 +73,28 @@ class PtxasInfo:
                    number(r"(\d+) bytes spill loads"), number(r"(\d+) bytes smem"))
 
 
+def torch_cuda_major() -> Optional[int]:
+    """The CUDA major version the installed torch was built with (`torch.version.cuda`; no CUDA
+    call), None for a CPU-only build."""
+    import torch
+
+    version = torch.version.cuda
+    return int(version.split(".")[0]) if version else None
+
+
 def wheel_bin_dirs() -> list:
     """The bin folders NVIDIA's pip wheels would put nvcc / ptxas in (WHEEL_BIN_DIRS under each
-    folder of the `nvidia` namespace package), whether or not they exist."""
+    folder of the `nvidia` namespace package), whether or not they exist: only the wheel of the CUDA
+    major version torch was built with (a cubin of another major's ptxas need not load under the
+    driver torch runs on), every one for a CPU-only torch (compile checks)."""
     try:
         spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
         return []
     roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    return [os.path.join(root, sub) for root in roots for sub in WHEEL_BIN_DIRS]
+    major = torch_cuda_major()
+    subs = [WHEEL_BIN_DIRS[major]] if major in WHEEL_BIN_DIRS else [] if major else list(WHEEL_BIN_DIRS.values())
+    return [os.path.join(root, sub) for root in roots for sub in subs]
 
 
 def find_tool(name: str) -> Optional[str]:
