@@ -154,6 +154,12 @@ def _start_model(name: str, num_classes: int, checkpoint, device: str):
     return model.to(device)
 
 
+def _remembered(base, key: str, compute):
+    """`compute()`, or on a resumed run (`base.state`) the value the first run saved: the phases
+    before it are skipped, so the model does not hold their weights when it is asked again."""
+    return base.state.remember(key, compute) if base.state is not None else compute()
+
+
 def _prune_digits(args, source, name, checkpoint, device, base, layer_sparsities) -> None:
     import torch
 
@@ -168,7 +174,7 @@ def _prune_digits(args, source, name, checkpoint, device, base, layer_sparsities
     split = load_digits_split(input_shape(name, source), seed=args.seed).to(device)
     if not checkpoint:
         train_dense_(model, split, args.epochs, seed=args.seed, batch_size=args.batch_size, progress=True, train=base)
-    start_top1 = top1_accuracy(model, split)
+    start_top1 = _remembered(base, "start_top1", lambda: top1_accuracy(model, split))
     options = {} if args.finetune_epochs is None else {"epochs": args.finetune_epochs}
     masks = prune_with(args.method, model, split, args.sparsity, seed=args.seed, progress=True,
                        batch_size=args.batch_size, train=base, **options)
@@ -192,7 +198,7 @@ def _prune_loaders(args, source, name, checkpoint, device, base, layer_sparsitie
     if not checkpoint:
         train_epochs(model, train, base.phase(args.epochs, 0.02, args.seed, True), description="dense")
     evaluate = top1_evaluator(validation)
-    start_top1 = evaluate(model)
+    start_top1 = _remembered(base, "start_top1", lambda: evaluate(model))
     if args.method == "admm":
         epochs = {} if args.finetune_epochs is None else dict(admm_epochs=args.finetune_epochs,
                                                                finetune_epochs=args.finetune_epochs)

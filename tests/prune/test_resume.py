@@ -91,6 +91,22 @@ def test_a_state_file_of_another_run_is_refused(tmp_path):
         TrainConfig(state=str(path))
 
 
+def test_a_value_computed_between_phases_is_the_first_runs_after_a_resume(tmp_path):
+    """The accuracy before pruning is measured after dense training; a resumed run skips that
+    finished phase (the model keeps its initial weights), so it must get the first run's value."""
+    path = tmp_path / "run.state"
+    model, x, y = regression_problem()
+    first = RunState(path)
+    train_epochs(model, Batches(x, y, 32), TrainConfig(epochs=1, state=first), huber_loss, description="dense")
+    before = first.remember("metric_before", lambda: float(huber_loss(model, (x, y))))
+    train_epochs(model, Batches(x, y, 32), TrainConfig(epochs=1, state=first), huber_loss, description="tune")
+    fresh, _, _ = regression_problem()   # a restarted process: initial weights again
+    again = RunState(path)
+    train_epochs(fresh, Batches(x, y, 32), TrainConfig(epochs=1, state=again), huber_loss, description="dense")
+    assert float(huber_loss(fresh, (x, y))) != before   # the skipped phase left its weights out
+    assert again.remember("metric_before", lambda: float(huber_loss(fresh, (x, y)))) == before
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_training_learns_and_keeps_masks(precision):
     model, x, y = regression_problem()

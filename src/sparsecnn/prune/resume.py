@@ -21,7 +21,7 @@ import math
 import os
 import pickle
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -44,6 +44,7 @@ class RunState:
         self._saved = _read(self.path) if self.path.exists() else None
         self._descriptions: Dict[int, str] = dict(self._saved["descriptions"]) if self._saved else {}
         self._finished: Dict[int, float] = dict(self._saved["finished"]) if self._saved else {}
+        self._values: Dict[str, Any] = dict(self._saved.get("values", {})) if self._saved else {}
 
     def begin(self, description: str) -> int:
         """Number the next phase of the run; ValueError when the file's phase of that number has
@@ -55,6 +56,14 @@ class RunState:
                              f"in this run; delete the file or use another path")
         self._descriptions[phase] = description
         return phase
+
+    def remember(self, key: str, compute: Callable[[], Any]) -> Any:
+        """A value the run computes between phases (e.g. the accuracy before pruning): `compute()`
+        the first time, saved with the next epoch's state; the saved value when resumed, where the
+        finished phases it depends on are skipped and the model does not hold their weights."""
+        if key not in self._values:
+            self._values[key] = compute()
+        return self._values[key]
 
     def resume(self, phase: int, parts: Dict[str, Any], masks: Optional[Masks]) -> Optional[dict]:
         """Restore `phase` from the file: None when the file has nothing of it (train from the
@@ -92,6 +101,7 @@ class RunState:
             payload = {
                 "format": FORMAT, "version": VERSION, "phase": phase, "epoch": epoch, "step": step,
                 "loss": loss, "descriptions": dict(self._descriptions), "finished": dict(self._finished),
+                "values": dict(self._values),
                 "parts": {name: part.state_dict() for name, part in parts.items() if part is not None},
                 "masks": {name: mask.detach().to("cpu", torch.bool) for name, mask in (masks or {}).items()},
                 "rng": rng,
