@@ -41,6 +41,9 @@ ODD_SHAPES = [  # (N, C, K, H, W, R, stride, padding): the issue's odd cases
     (3, 7, 12, 9, 9, 7, 1, 3),
     (2, 16, 40, 8, 8, 1, 2, 0),
     (2, 5, 9, 13, 13, 3, 3, 1),
+    (3, 5, 33, 12, 12, 3, 1, 1),    # Q divisible by the register tiles' tq (2, 4): they run too
+    (2, 6, 17, 13, 16, 5, 2, 2),
+    (1, 3, 9, 9, 8, 7, 1, 3),
 ]
 
 
@@ -61,7 +64,8 @@ _reference = reference_with_epilogue
 @pytest.mark.parametrize("fields, name", [
     (dict(bk=0), "bk"), (dict(bk=129), "bk"), (dict(threads=48), "threads"), (dict(threads=2048), "threads"),
     (dict(bk=1.5), "bk"), (dict(out_layout="nhwc"), "out_layout"), (dict(slices=0), "slices"),
-    (dict(slices=9), "slices"), (dict(threads=512, slices=4), "slices"), (dict(bk=64, slices=3), "shared memory")])
+    (dict(slices=9), "slices"), (dict(threads=512, slices=4), "slices"), (dict(bk=64, slices=3), "shared memory"),
+    (dict(tq=0), "tq"), (dict(tq=9), "tq"), (dict(bk=64, tq=4), "accumulators")])
 def test_config_validation_names_the_field(fields, name):
     with pytest.raises(ValueError, match=name):
         unrolled.UnrolledConfig(**fields)
@@ -121,6 +125,18 @@ def test_slices_share_each_groups_columns_by_their_non_zeros():
         fmas = [sum(len(c.terms) for c in run) for run in runs]
         assert max(fmas) - min(fmas) <= 2 * max(len(c.terms) for c in columns), fmas
     assert unrolled_source.slice_columns([], 4) == [[], [], [], []]
+
+
+@pytest.mark.parametrize("tq, stride, loads_per_row", [(1, 1, 3), (4, 1, 6), (4, 2, 9), (2, 3, 6)])
+def test_register_tiles_load_each_input_column_of_a_row_once(tq, stride, loads_per_row):
+    """A dense 3x3 row: tq output columns at `stride` read (tq - 1) * stride + 3 inputs, not 3 * tq."""
+    spec = _spec(1, 2, 4, 9, 12, 3, stride, 1)
+    weight = torch.randn(spec.weight_shape).numpy()
+    columns = unrolled_source.group_columns(weight, [0, 1, 2, 3], spec)
+    rows = unrolled_source.tile_loads(columns, tq, stride)
+    assert [key for key, _, _ in rows] == [(c, r) for c in range(2) for r in range(3)]
+    assert all(len(loads) == loads_per_row for _, _, loads in rows)
+    assert sum(len(row) for _, row, _ in rows) == len(columns)
 
 
 def test_weights_become_exact_immediates():
@@ -204,11 +220,12 @@ def test_the_non_zero_limit_can_be_raised_by_the_environment(monkeypatch):
 
 @needs_tools
 def test_every_candidate_compiles_without_spills():
-    spec = _spec(32, 64, 96, 14, 14, 3, 1, 1)
+    spec = _spec(32, 64, 96, 16, 16, 3, 1, 1)   # Q = 16: every tq divides it
     weight = _weight(spec, 0.9).numpy()
+    assert len(unrolled.candidate_configs(spec, 0)) == len(unrolled.CANDIDATES)
     for config in unrolled.CANDIDATES:
         _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads,
-                                                                      slices=config.slices))
+                                                                      slices=config.slices, tq=config.tq))
         assert info.spill_stores == 0 and info.spill_loads == 0, (config, info)
 
 
@@ -220,7 +237,7 @@ def test_backend_declares_what_it_runs(generated_backends_ready):
     assert "cpu" in backend.unsupported_reason(spec, torch.float32, "cpu")
     assert "float16" in backend.unsupported_reason(spec, torch.float16, "cuda")
     assert "dilation" in backend.unsupported_reason(dataclasses.replace(spec, dilation=(2, 2)), torch.float32, "cuda")
-    assert backend.configs(spec, torch.float32) == list(unrolled.CANDIDATES)
+    assert backend.configs(spec, torch.float32) == [c for c in unrolled.CANDIDATES if c.tq in (1, 2)]   # Q = 14
     assert backend.auto_configs(spec, torch.float32) == [unrolled.auto_config(spec)]
     for shape in [(32, 512, 128, 28, 28, 1, 1, 0), (32, 256, 256, 14, 14, 3, 2, 1), (32, 512, 2048, 7, 7, 1, 1, 0)]:
         layer = _spec(*shape)   # what auto tries is among the configs (the tuner offers only those)

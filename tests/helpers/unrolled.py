@@ -173,13 +173,14 @@ def run_unrolled_on_cpu(x, weight, spec, config, bias, residual, relu, part_fmas
                "res": (np.zeros(1, np.float32) if residual is None
                        else np.ascontiguousarray(residual.transpose(order), dtype=np.float32).ravel()),
                "y": np.full(n * k * p * q, np.nan, dtype=np.float32)}
-    grid_x = -(-(p * q * n) // config.threads)
+    grid_x = -(-unrolled.thread_positions(spec, config) // config.threads)
     flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2
     args = {f"p_{name}": np.int64(base) for name, base in _BASES.items()}
     args.update(p_flags=np.int64(flags), p_sn=np.int64(strides["n"]), p_sk=np.int64(strides["k"]),
                 p_sp=np.int64(strides["p"]), p_sq=np.int64(strides["q"]))
     for groups in modules:
-        ptx = unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads, groups, slices=config.slices)
+        ptx = unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads, groups, slices=config.slices,
+                                         tq=config.tq)
         declared = re.search(rf"\.shared \.align 4 \.f32 {unrolled_source.PARTIALS}\[(\d+)\];", ptx)
         shared_floats = int(declared.group(1)) if declared else 0
         assert (shared_floats > 0) == (config.slices > 1)

@@ -41,7 +41,7 @@ def _kernels():
 
 def _compile_key(weight: torch.Tensor, spec: ConvSpec, config: Any) -> Tuple:
     digest = hashlib.blake2b(weight.numpy().tobytes(), digest_size=16).hexdigest()
-    return digest, spec, config.bk, config.threads, config.slices
+    return digest, spec, config.bk, config.threads, config.slices, config.tq
 
 
 def _compile_in_worker(weight: torch.Tensor, spec: ConvSpec, config: Any) -> tuple:

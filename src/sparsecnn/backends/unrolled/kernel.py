@@ -61,6 +61,8 @@ _COMPILE_THREADS = 4   # ptxas processes per layer at once (layers compile in pa
 OUT_LAYOUTS = ("nchw", "batch_inner")
 BK_CHOICES = (32, 16, 8)
 SLICE_CHOICES = (1, 2, 4)
+TQ_CHOICES = (2, 4)   # output columns per thread of the register-tiled candidates (not yet in `auto_config`)
+MAX_ACCUMULATORS = 128   # bk * tq per thread
 MAX_SHARED_BYTES = 48 * 1024   # static shared memory of a block (the partial sums of slices 1..)
 MIN_THREADS_PER_COLUMN = 85   # `auto_config`: threads per input column (C*R*S) a group walks
 
@@ -72,15 +74,19 @@ class UnrolledConfig:
     "batch_inner" ((N, K, P, Q) stored as (K, P, Q, N)); not tuned: `tuning.layout` sets it; slices:
     warp rows per block (1..8), each walking a share of the group's input columns for the same
     positions, the partial sums added through shared memory: `slices` times the warps, for layers
-    whose few positions leave the GPU's schedulers idle (latency-bound: Nsight Compute)."""
+    whose few positions leave the GPU's schedulers idle (latency-bound: Nsight Compute); tq: output
+    columns per thread (1..8, a divisor of the layer's Q, `check_layer`): a loaded input value feeds
+    every tap and output column reading it, (tq - 1) * stride + S loads per input row instead of
+    tq * S, for tq times the accumulators and a tq-th of the threads."""
 
     bk: int = 32
     threads: int = 128
     out_layout: str = "nchw"
     slices: int = 1
+    tq: int = 1
 
     def __post_init__(self):
-        for name in ("bk", "threads", "slices"):
+        for name in ("bk", "threads", "slices", "tq"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"UnrolledConfig.{name} must be a positive int, got {value!r}")
@@ -91,7 +97,10 @@ class UnrolledConfig:
         if self.slices > 8 or self.threads * self.slices > 1024:
             raise ValueError(f"UnrolledConfig.slices must be at most 8 with threads * slices <= 1024, got "
                              f"{self.slices} slices of {self.threads} threads")
-        if 4 * (self.slices - 1) * self.bk * self.threads > MAX_SHARED_BYTES:
+        if self.tq > 8 or self.bk * self.tq > MAX_ACCUMULATORS:
+            raise ValueError(f"UnrolledConfig.tq must be at most 8 with bk * tq <= {MAX_ACCUMULATORS} "
+                             f"accumulators, got tq={self.tq}, bk={self.bk}")
+        if 4 * (self.slices - 1) * self.bk * self.tq * self.threads > MAX_SHARED_BYTES:
             raise ValueError(f"UnrolledConfig.slices: {self.slices} slices of bk={self.bk} x {self.threads} threads "
                              f"need more than {MAX_SHARED_BYTES} bytes of shared memory for their partial sums")
         if self.out_layout not in OUT_LAYOUTS:
@@ -103,8 +112,10 @@ class UnrolledConfig:
 
 
 # Batch-innermost outputs (see `auto_config`); `auto` tries one of these per layer.
-CANDIDATES = tuple(UnrolledConfig(bk, threads, "batch_inner", slices) for slices in SLICE_CHOICES
-                   for bk in BK_CHOICES for threads in (128, 64))
+CANDIDATES = tuple([UnrolledConfig(bk, threads, "batch_inner", slices) for slices in SLICE_CHOICES
+                    for bk in BK_CHOICES for threads in (128, 64)]
+                   + [UnrolledConfig(bk, 128, "batch_inner", 1, tq) for tq in TQ_CHOICES for bk in BK_CHOICES
+                      if bk * tq <= 64])
 
 
 def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
@@ -116,9 +127,16 @@ def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
     padded = spec.C * (spec.H + 2 * spec.padding[0]) * (spec.W + 2 * spec.padding[1]) * spec.N
     if 4 * padded >= 2 ** 31 or 4 * spec.K * spec.P * spec.Q * spec.N >= 2 ** 31:
         raise ValueError("the unrolled kernel addresses input and output with 32-bit byte offsets: layer too large")
+    if spec.Q % config.tq:
+        raise ValueError(f"tq={config.tq} output columns per thread do not divide the layer's {spec.Q}")
     if nnz > max_kernel_fmas():
         raise ValueError(f"{nnz} non-zeros exceed the unrolled kernel's {max_kernel_fmas()} (compile time; "
                          f"${settings.UNROLLED_MAX_NNZ.name} raises it)")
+
+
+def thread_positions(spec: ConvSpec, config: UnrolledConfig) -> int:
+    """Threads per channel group and slice: one per image and run of config.tq output columns."""
+    return spec.P * (spec.Q // config.tq) * spec.N
 
 
 def max_kernel_fmas() -> int:
@@ -204,7 +222,8 @@ def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig, arc
     artefact would pay it for every layer."""
     layer = dataclasses.replace(spec, name="")
     return toolchain.cache_key("unrolled", weight.numpy().tobytes(), tuple(weight.shape), repr(layer), config.bk,
-                               config.threads, config.slices, _generator_digest(), toolchain.toolchain_id(arch))
+                               config.threads, config.slices, config.tq, _generator_digest(),
+                               toolchain.toolchain_id(arch))
 
 
 def layer_modules(weight: np.ndarray, config: UnrolledConfig,
@@ -237,8 +256,8 @@ def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
             missing = [index for index, cubin in enumerate(cubins) if cubin is None]
             with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(missing), _COMPILE_THREADS))) as pool:
                 results = pool.map(lambda index: toolchain.ptxas_cubin(
-                    kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index], arch, config.slices),
-                    arch), missing)
+                    kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index], arch, config.slices,
+                               config.tq), arch), missing)
                 for index, (cubin, info, _) in zip(missing, results):
                     cubins[index] = cubin
                     registers = max(registers, info.registers)
@@ -281,7 +300,7 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
     one_by_one = spec.R == 1 and spec.S == 1
     xt = padded_batch_inner(x, *spec.padding, step=spec.stride if one_by_one else (1, 1))
     bias = None if bias is None else bias.contiguous()
-    blocks = -(-(spec.P * spec.Q * spec.N) // compiled.config.threads)
+    blocks = -(-thread_positions(spec, compiled.config) // compiled.config.threads)
     pointers = (xt.data_ptr(), bias.data_ptr() if bias is not None else 0,
                 residual.data_ptr() if residual is not None else 0, out.data_ptr())
     flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2

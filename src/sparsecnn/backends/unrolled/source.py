@@ -1,9 +1,10 @@
 """PTX of the unrolled batch-innermost kernel (`kernel.py`): one layer's weights as immediates.
 
-One thread owns one (output pixel, image) position and the output channels of one group (at
-most `bk`); a block of `threads` threads owns consecutive positions in batch-innermost order
-(pixel-major, image fastest: a warp's loads are 128 contiguous bytes when N >= 32), blockIdx.y
-the group. Per group, for every input column (c, r, s) holding a non-zero in one of the group's
+One thread owns one image at a run of `tq` output columns of one output row (tq = 1: one output
+pixel) and the output channels of one group (at most `bk`); a block of `threads` threads owns
+consecutive positions in batch-innermost order (image fastest: a warp's loads are 128 contiguous
+bytes when N >= 32), blockIdx.y the group. With tq > 1 an input row's values are loaded once for
+every tap and output column of the run that reads them (`tile_loads`). Per group, for every input column (c, r, s) holding a non-zero in one of the group's
 channels, in (c, r, s) order: one load of the thread's input, then one FMA per non-zero with the
 weight as an immediate. A loaded input feeds every non-zero of its column in the group (at 90% sparsity and
 bk = 32 about 3 FMAs per load, against one for the Triton "batch" kernel), and no index or weight
@@ -125,11 +126,23 @@ def slice_columns(columns: Sequence[Column], slices: int) -> List[List[Column]]:
     return runs
 
 
+def tile_loads(columns: Sequence[Column], tq: int, sw: int) -> List[Tuple[Tuple[int, int], List[Column], List[int]]]:
+    """`columns` of one group grouped by input row (c, r), in order, each with the input columns u a
+    thread of `tq` output columns loads for it: u = t * sw + s for its output column t and each s
+    of the row's columns, each loaded once however many (t, s) read it."""
+    rows: List[Tuple[Tuple[int, int], List[Column], List[int]]] = []
+    for column in columns:
+        if not rows or rows[-1][0] != (column.c, column.r):
+            rows.append(((column.c, column.r), [], []))
+        rows[-1][1].append(column)
+    return [(key, row, sorted({t * sw + c.s for c in row for t in range(tq)})) for key, row, _ in rows]
+
+
 class _Writer:
     def __init__(self, weight: np.ndarray, spec: ConvSpec, groups: Sequence[Sequence[int]], threads: int,
-                 arch: str = DEFAULT_ARCH, slices: int = 1, bk: int = 0):
+                 arch: str = DEFAULT_ARCH, slices: int = 1, bk: int = 0, tq: int = 1):
         self.weight, self.spec, self.groups, self.threads, self.arch = weight, spec, groups, threads, arch
-        self.slices = slices
+        self.slices, self.tq = slices, tq
         self.bk = max([bk, *(len(group) for group in groups)])   # the partial sums' channel stride
         self.lines: List[str] = []
 
@@ -140,7 +153,7 @@ class _Writer:
         groups, slices = self.groups, self.slices
         self.emit(f".version {PTX_VERSION}", f".target sm_{self.arch}", ".address_size 64", "")
         if slices > 1:
-            self.emit(f".shared .align 4 .f32 {PARTIALS}[{(slices - 1) * self.bk * self.threads}];", "")
+            self.emit(f".shared .align 4 .f32 {PARTIALS}[{(slices - 1) * self.bk * self.tq * self.threads}];", "")
         for index, group in enumerate(groups):
             columns = slice_columns(group_columns(self.weight, group, self.spec), slices)
             for part in range(slices):
@@ -156,20 +169,23 @@ class _Writer:
                   "mov.u32 %r20, %ctaid.y;", "mov.u32 %r22, %tid.y;", f"mad.lo.s32 %r20, %r20, {slices}, %r22;",
                   "brx.idx %r20, $TABLE;")
         for index, part in targets:
-            self.emit(f"$G{index}_{part}:", f"call.uni group{index}_{part}, (%rd4, %rd1, %rd6, %rd7, %r0, %r13);",
+            self.emit(f"$G{index}_{part}:",
+                      f"call.uni group{index}_{part}, (%rd4, %rd1, %rd6, %rd7, %r0, %r13, %r15);",
                       "bra.uni $DONE;")
         self.emit("$DONE:", "ret;", "}")
         return "\n".join(self.lines) + "\n"
 
     def _prologue(self) -> None:
-        """m (the thread's (pixel, image) position), the window origin in the padded input, and what
-        each group takes: x at the origin (%rd4), bias (%rd1), residual and output at the position
-        (%rd6, %rd7: strides sn, sp, sq in elements), the channel stride sk (%r13) and the flags
-        (%r0) with bit 3 set past the last position. Such a thread computes the last position
+        """m (the thread's position: image fastest, then its run of tq output columns, then the
+        output row), the window origin in the padded input, and what each group takes: x at the
+        origin (%rd4), bias (%rd1), residual and output at the run's first column (%rd6, %rd7:
+        strides sn, sp, sq in elements), the channel and column strides sk, sq (%r13, %r15) and the
+        flags (%r0) with bit 3 set past the last position. Such a thread computes the last position
         again and stores nothing: every warp of a block reaches the barrier of the partial sums."""
-        spec, n = self.spec, self.spec.N
+        spec, n, tq = self.spec, self.spec.N, self.tq
         sh, sw = spec.stride
-        positions = spec.P * spec.Q * n
+        runs = spec.Q // tq   # runs of tq output columns per output row
+        positions = spec.P * runs * n
         for index, name in enumerate(("x", "bias", "res", "y")):
             self.emit(f"ld.param.u64 %rd{index}, [p_{name}];", f"cvta.to.global.u64 %rd{index}, %rd{index};")
         self.emit("ld.param.u32 %r0, [p_flags];", "ld.param.u32 %r12, [p_sn];", "ld.param.u32 %r13, [p_sk];",
@@ -179,7 +195,8 @@ class _Writer:
                   f"setp.ge.s32 %p0, %r4, {positions};", f"selp.b32 %r21, {OUTSIDE}, 0, %p0;",
                   "or.b32 %r0, %r0, %r21;", f"min.s32 %r4, %r4, {positions - 1};",
                   f"div.s32 %r5, %r4, {n};", f"mul.lo.s32 %r6, %r5, {n};", "sub.s32 %r6, %r4, %r6;",  # pix, img
-                  f"div.s32 %r7, %r5, {spec.Q};", f"mul.lo.s32 %r8, %r7, {spec.Q};", "sub.s32 %r8, %r5, %r8;",  # p, q
+                  f"div.s32 %r7, %r5, {runs};", f"mul.lo.s32 %r8, %r7, {runs};", "sub.s32 %r8, %r5, %r8;",  # p, run
+                  f"mul.lo.s32 %r8, %r8, {tq};",  # q of the run's first column
                   f"mul.lo.s32 %r9, %r7, {sh};", f"mul.lo.s32 %r10, %r8, {sw};",
                   f"mul.lo.s32 %r11, %r9, {(spec.W + 2 * spec.padding[1]) * n};",
                   f"mad.lo.s32 %r11, %r10, {n}, %r11;",
@@ -193,58 +210,87 @@ class _Writer:
         """Slice `part` of group `index` as a function of its own (ptxas allocates its registers on
         its own): its columns' FMAs into the group's accumulators. Slice 0 then adds the other
         slices' partial sums (shared memory, after the barrier) and stores; the others write theirs."""
+        accumulators = len(group) * self.tq   # slot t * len(group) + j: output column t, channel j
         self.emit(f".func group{index}_{part}(.param .u64 xb, .param .u64 bias, .param .u64 resm, .param .u64 ym, "
-                  ".param .u32 flags, .param .u32 sk)", "{",
-                  ".reg .pred %p<5>; .reg .b32 %r<6>; .reg .b64 %rd<6>;",
-                  f".reg .f32 %v<{_LOAD_REGISTERS}>; .reg .f32 %a<{max(1, len(group))}>; .reg .f32 %o<3>;",
+                  ".param .u32 flags, .param .u32 sk, .param .u32 sq)", "{",
+                  ".reg .pred %p<5>; .reg .b32 %r<6>; .reg .b64 %rd<8>;",
+                  f".reg .f32 %v<{self._load_registers()}>; .reg .f32 %a<{max(1, accumulators)}>; .reg .f32 %o<3>;",
                   "ld.param.u64 %rd0, [xb];", "ld.param.u64 %rd1, [bias];", "ld.param.u64 %rd2, [resm];",
-                  "ld.param.u64 %rd3, [ym];", "ld.param.u32 %r0, [flags];", "ld.param.u32 %r1, [sk];")
-        self.emit(*(f"mov.f32 %a{slot}, 0f00000000;" for slot in range(len(group))))
-        for position, column in enumerate(columns):
-            register = f"%v{position % _LOAD_REGISTERS}"
-            self.emit(f"ld.global.nc.f32 {register}, [%rd0+{4 * column.offset}];")
-            self.emit(*(f"fma.rn.f32 %a{j}, {register}, {f32_hex(value)}, %a{j};" for j, value in column.terms))
+                  "ld.param.u64 %rd3, [ym];", "ld.param.u32 %r0, [flags];", "ld.param.u32 %r1, [sk];",
+                  "ld.param.u32 %r2, [sq];")
+        self.emit(*(f"mov.f32 %a{slot}, 0f00000000;" for slot in range(accumulators)))
+        self._fmas(group, columns)
         if self.slices > 1:
             self.emit(f"mov.u32 %r4, {PARTIALS};", "mov.u32 %r5, %tid.x;", "mad.lo.s32 %r4, %r5, 4, %r4;")
             if part > 0:
-                self.emit(*(f"st.shared.f32 [%r4+{self._partial_offset(part, j)}], %a{j};" for j in range(len(group))),
+                self.emit(*(f"st.shared.f32 [%r4+{self._partial_offset(part, a)}], %a{a};" for a in range(accumulators)),
                           "bar.sync 0;", "ret;", "}", "")
                 return
             self.emit("bar.sync 0;")
-            for j in range(len(group)):
+            for a in range(accumulators):
                 for other in range(1, self.slices):
-                    self.emit(f"ld.shared.f32 %o0, [%r4+{self._partial_offset(other, j)}];",
-                              f"add.f32 %a{j}, %a{j}, %o0;")
+                    self.emit(f"ld.shared.f32 %o0, [%r4+{self._partial_offset(other, a)}];",
+                              f"add.f32 %a{a}, %a{a}, %o0;")
         self.emit("and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
                   "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
                   "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;",
                   f"and.b32 %r3, %r0, {OUTSIDE};", "setp.eq.s32 %p4, %r3, 0;")
-        for j, channel in enumerate(group):
-            self._store(j, channel)
+        for t in range(self.tq):
+            self.emit(f"mul.wide.s32 %rd6, %r2, {4 * t};")   # output column t of the run: t * sq elements
+            for j, channel in enumerate(group):
+                self._store(t * len(group) + j, channel)
         self.emit("ret;", "}", "")
 
-    def _partial_offset(self, part: int, j: int) -> int:
-        """Byte offset of slice `part`'s partial sum of accumulator j from the thread's first one."""
-        return 4 * ((part - 1) * self.bk + j) * self.threads
+    def _load_registers(self) -> int:
+        """Load destinations: a rotating set, large enough for every input column one row of a
+        thread's tq output columns reads ((tq - 1) * sw + S) to be live at once."""
+        return max(_LOAD_REGISTERS, 2 * ((self.tq - 1) * self.spec.stride[1] + self.spec.S))
 
-    def _store(self, j: int, channel: int) -> None:
-        """act(acc + bias + residual) of channel `channel` at the thread's position (none past the last)."""
-        self.emit(f"mul.wide.s32 %rd4, %r1, {4 * channel};", "add.s64 %rd5, %rd3, %rd4;",
+    def _fmas(self, group: Sequence[int], columns: Sequence[Column]) -> None:
+        """Per input row (c, r) of the slice's columns: each input column u a thread's tq output
+        columns read, loaded once, then for each (column, output column t) its FMAs: a value loaded
+        once feeds every tap s and output column t reading it (tq = 1: one load per column)."""
+        registers, n, sw, next_register = self._load_registers(), self.spec.N, self.spec.stride[1], 0
+        for _, row, loads in tile_loads(columns, self.tq, sw):
+            base = row[0].offset - row[0].s * n   # the row's element offset at s = 0
+            held = {}
+            for u in loads:
+                held[u] = f"%v{next_register % registers}"
+                next_register += 1
+                self.emit(f"ld.global.nc.f32 {held[u]}, [%rd0+{4 * (base + u * n)}];")
+            for column in row:
+                for t in range(self.tq):
+                    register, first = held[t * sw + column.s], t * len(group)
+                    self.emit(*(f"fma.rn.f32 %a{first + j}, {register}, {f32_hex(value)}, %a{first + j};"
+                                for j, value in column.terms))
+
+    def _partial_offset(self, part: int, slot: int) -> int:
+        """Byte offset of slice `part`'s partial sum of accumulator `slot` from the thread's first one."""
+        return 4 * ((part - 1) * self.bk * self.tq + slot) * self.threads
+
+    def _store(self, slot: int, channel: int) -> None:
+        """act(acc + bias + residual) of accumulator `slot`, channel `channel`, at the output column
+        whose offset from the run's first is in %rd6 (bytes); none past the last position."""
+        self.emit(f"mul.wide.s32 %rd4, %r1, {4 * channel};", "add.s64 %rd4, %rd4, %rd6;", "add.s64 %rd5, %rd3, %rd4;",
                   "mov.f32 %o1, 0f00000000;", f"@%p2 ld.global.nc.f32 %o1, [%rd1+{4 * channel}];",
-                  f"add.f32 %o0, %a{j}, %o1;",
+                  f"add.f32 %o0, %a{slot}, %o1;",
                   "add.s64 %rd4, %rd2, %rd4;", "@%p3 ld.global.f32 %o2, [%rd4+0];", "@%p3 add.f32 %o0, %o0, %o2;",
                   "@%p1 max.f32 %o0, %o0, 0f00000000;", "@%p4 st.global.f32 [%rd5+0], %o0;")
 
 
 def kernel_ptx(weight: np.ndarray, spec: ConvSpec, bk: int, threads: int,
-               groups: Optional[Sequence[Sequence[int]]] = None, arch: str = DEFAULT_ARCH, slices: int = 1) -> str:
+               groups: Optional[Sequence[Sequence[int]]] = None, arch: str = DEFAULT_ARCH, slices: int = 1,
+               tq: int = 1) -> str:
     """PTX of the kernel for one layer: weight (K, C, R, S) float32 (zeros pruned), spec the layer at
     its input shape; groups: the channel groups this module computes, blockIdx.y indexing them
     (default: `channel_groups(weight, bk)`, the whole layer in one module); arch: the `.target`
     ("90": sm_90; plain fp32 PTX, nothing arch-specific); slices: warp rows per block, each taking a
-    share of every group's columns (partial sums added through shared memory)."""
+    share of every group's columns (partial sums added through shared memory); tq: output columns
+    per thread (a divisor of Q), each loaded input value serving every one reading it."""
     if tuple(weight.shape) != spec.weight_shape:
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match the layer's {spec.weight_shape}")
     weight = np.ascontiguousarray(weight, dtype=np.float32)
     groups = channel_groups(weight, bk) if groups is None else groups
-    return _Writer(weight, spec, groups, threads, arch, slices, bk).source()
+    if tq < 1 or spec.Q % tq:
+        raise ValueError(f"tq must divide the layer's {spec.Q} output columns, got {tq}")
+    return _Writer(weight, spec, groups, threads, arch, slices, bk, tq).source()
