@@ -1,7 +1,9 @@
-"""Compiled artefacts: round trips (outputs bit-identical to the tuned model), no timing on load in
-the same environment, re-tuning with a message elsewhere, clear errors for damaged files, no
-unpickling, packed formats and generated code restored without repacking or recompiling, atomic
-publishing, the CLI. Timings are fake (an injected timer) except in the CLI test."""
+"""Compiled artefacts: round trips (outputs bit-identical to the tuned model, and as close to an
+fp64 run of the dense masked model as the rule of their precision asks: 1e-5 in fp32, 2x the dense
+model's own error in bf16/fp16/TF32), no timing on load in the same environment, re-tuning with a
+message elsewhere, clear errors for damaged files, no unpickling, packed formats and generated
+code restored without repacking or recompiling, atomic publishing, the CLI. Timings are fake (an
+injected timer) except in the CLI test."""
 import copy
 import dataclasses
 import json
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.codegen import needs_tools
-from helpers.common import needs_interpreter, require
+from helpers.common import dense_reference, needs_interpreter, require
 
 import sparsecnn
 from sparsecnn.artifact import ArtifactError, compile_model, load
@@ -138,6 +140,24 @@ def test_resnet18_cifar_round_trip_is_bit_identical_and_matches_fp64(tmp_path, w
     assert {r.cache for r in loaded.sparsecnn_report.layers} == {"artefact"}
     fused = read_manifest(out)["fuse"]
     assert len(fused["folded_batchnorms"]) == 20 and fused["fused_adds"]
+
+
+def test_a_bf16_artefact_is_as_close_to_fp64_as_the_dense_model(tmp_path):
+    """bf16 (the CPU's reduced precision; `dense` is its only bf16 backend there): the loaded
+    artefact, BatchNorm folded and residual adds fused, against an fp64 run of the dense masked
+    model, within 2x the error of that dense model run by PyTorch in bf16."""
+    model = _pruned("resnet18-cifar")
+    shape = [2, 3, 16, 16]
+    x = torch.randn(shape)
+    reference, tolerance = dense_reference(model, x, torch.bfloat16)
+    out = tmp_path / "artefact"
+    compile_model(copy.deepcopy(model), None, shape, "bf16", None, out, model_name="resnet18-cifar", device="cpu",
+                  cache_dir=tmp_path / "cache", progress=False, timer=FixedTimer())
+    loaded = _timed_load(out, timer=ForbiddenTimer())
+    assert loaded.sparsecnn_retuned is None and read_manifest(out)["policy"] == "bf16"
+    with torch.no_grad():
+        y = loaded(x.bfloat16())
+    assert y.dtype == torch.bfloat16 and relative_error(y, reference) < tolerance
 
 
 def test_load_times_nothing_in_the_same_environment(tmp_path, monkeypatch):
@@ -480,9 +500,33 @@ def test_gpu_resnet18_cifar_auto_round_trip(tmp_path):
     assert loaded.sparsecnn_retuned is None and next(loaded.parameters()).is_cuda
     x = torch.randn(shape, device="cuda")
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        reference = model.cuda().double()(x.double())
+        reference = model.cuda().double()(x.double())  # the dense masked model in fp64
         assert relative_error(loaded(x), tuned(x)) < 1e-6
-        assert relative_error(loaded(x), reference) < 1e-5
+        assert relative_error(loaded(x), reference) < 1e-5  # fp32: the per-layer rule, against fp64
+    print(loaded.sparsecnn_report.format())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "tf32"])
+def test_gpu_reduced_precision_artefact_is_as_close_to_fp64_as_the_dense_model(tmp_path, dtype):
+    """The loaded artefact (auto backends, tuned on this GPU) against an fp64 run of the dense masked
+    model: within 2x the error of the same dense model run by PyTorch in that precision."""
+    model = _pruned("resnet18-cifar").cuda()
+    shape = [8, 3, 32, 32]
+    x = torch.randn(shape, device="cuda")
+    run_dtype = torch.float32 if dtype == "tf32" else getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
+    reference, tolerance = dense_reference(model, x, "tf32" if dtype == "tf32" else run_dtype)
+    out = tmp_path / "artefact"
+    compile_model(copy.deepcopy(model), None, shape, dtype, None, out, model_name="resnet18-cifar", device="cuda",
+                  cache_dir=tmp_path / "cache", progress=False)
+    loaded = _timed_load(out, timer=ForbiddenTimer())
+    assert loaded.sparsecnn_retuned is None and read_manifest(out)["policy"] == dtype
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=dtype == "tf32"):
+        y = loaded(x.to(run_dtype))
+    assert y.dtype == run_dtype
+    error = relative_error(y, reference)
+    print(f"{dtype}: loaded artefact {error:.2e} against fp64, limit {tolerance:.2e} (2x the dense model's)")
+    assert error < tolerance
     print(loaded.sparsecnn_report.format())
 
 
@@ -491,8 +535,9 @@ def test_gpu_codegen_artefact_loads_without_compiling(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSECNN_CACHE", str(tmp_path / "compile-cache"))
     out = tmp_path / "artefact"
     shape = [4, 1, 28, 28]
-    tuned = compile_model("lenet5", None, shape, "fp32", ["codegen"], out, device="cuda",
-                          cache_dir=tmp_path / "cache", progress=False, timer=FixedTimer(["codegen"]))
+    model = build_model("lenet5").eval()
+    tuned = compile_model(copy.deepcopy(model), None, shape, "fp32", ["codegen"], out, model_name="lenet5",
+                          device="cuda", cache_dir=tmp_path / "cache", progress=False, timer=FixedTimer(["codegen"]))
     assert {tuned.conv1.backend, tuned.conv2.backend} == {"codegen"}
     assert any(name.startswith("codegen/") for name in read_manifest(out)["files"])
     monkeypatch.setenv("SPARSECNN_CACHE", str(tmp_path / "fresh-cache"))
@@ -504,5 +549,7 @@ def test_gpu_codegen_artefact_loads_without_compiling(tmp_path, monkeypatch):
     monkeypatch.setattr(toolchain, "ptxas_cubin", no_compiling)
     loaded = _timed_load(out, timer=ForbiddenTimer())
     x = torch.randn(shape, device="cuda")
-    with torch.no_grad():
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         assert torch.equal(loaded(x), tuned(x))
+        reference = model.cuda().double()(x.double())  # the dense model (lenet5 unpruned) in fp64
+        assert relative_error(loaded(x), reference) < 1e-5  # fp32: the per-layer rule
