@@ -4,10 +4,14 @@ its backend.
 CPU: config validation, the channel groups, the auto config rule, the PTX run by a small
 interpreter (`helpers/unrolled.py`) on odd shapes for every candidate config, both output layouts,
 with and without bias, residual and ReLU, and every candidate compiled by ptxas without spills
-(needs the CUDA toolkit). GPU (`gpu` marker): the same cases against the fp64 reference, the op's
-opcheck, CUDA graphs, and a SparseConv2d on the backend.
+(needs the CUDA toolkit); the same for the float16 kernel's candidates (odd N included), whose
+error must stay within 2x that of the fp64 output rounded to float16, and the fp32 PTX unchanged
+by the float16 writer. GPU (`gpu` marker): the same cases against the fp64 reference (float16:
+within 2x cuDNN's own float16 error on the same inputs), the op's opcheck, CUDA graphs, and a
+SparseConv2d on the backend.
 """
 import dataclasses
+import hashlib
 
 import numpy as np
 import pytest
@@ -232,10 +236,11 @@ def test_every_candidate_compiles_without_spills():
 def test_backend_declares_what_it_runs(generated_backends_ready):
     backend = get_backend("unrolled")
     spec = _spec(32, 256, 256, 14, 14, 3, 1, 1)
-    assert dict(backend.dtypes) == {"cuda": (torch.float32,)}
+    assert dict(backend.dtypes) == {"cuda": (torch.float32, torch.float16)}
     assert backend.unsupported_reason(spec, torch.float32, "cuda") is None
+    assert backend.unsupported_reason(spec, torch.float16, "cuda") is None
     assert "cpu" in backend.unsupported_reason(spec, torch.float32, "cpu")
-    assert "float16" in backend.unsupported_reason(spec, torch.float16, "cuda")
+    assert "bfloat16" in backend.unsupported_reason(spec, torch.bfloat16, "cuda")
     assert "dilation" in backend.unsupported_reason(dataclasses.replace(spec, dilation=(2, 2)), torch.float32, "cuda")
     assert backend.configs(spec, torch.float32) == [c for c in unrolled.CANDIDATES if c.tq in (1, 2)]   # Q = 14
     assert backend.auto_configs(spec, torch.float32) == [unrolled.auto_config(spec)]
@@ -247,6 +252,149 @@ def test_backend_declares_what_it_runs(generated_backends_ready):
         [unrolled.auto_config(spec)]
     assert backend.auto_configs(_spec(32, 64, 64, 56, 56, 3, 1, 1), torch.float32) == []   # 56x56: not measured
     assert backend.auto_configs(spec.with_batch(1), torch.float32) == []
+    # float16: tuned over its own candidates where named, never tried by `auto` (not measured)
+    assert backend.configs(spec, torch.float16) == [c for c in unrolled.HALF_CANDIDATES if c.tq in (1, 2)]
+    assert all(c.slices == 1 for c in backend.configs(spec, torch.float16))
+    assert backend.auto_configs(spec, torch.float16) == []
+    assert [c.config for c in candidates_for(spec, resolve_policy("fp16", torch.float16), "cuda")
+            if c.backend == "unrolled"] == []
+    assert unrolled.auto_config(spec, torch.float16).slices == 1
+
+
+# --- float16 (CPU) ---------------------------------------------------------------------------------
+
+# sha256 (first 16 hex digits) of the fp32 PTX written before the float16 writer existed: the fp32
+# path must stay byte for byte what it was.
+FP32_PTX_DIGESTS = [
+    ((3, 3, 33, 13, 13, 3, 1, 1), 32, 128, 1, 1, "d58087c6375496c2"),
+    ((2, 6, 17, 13, 16, 5, 2, 2), 16, 64, 2, 1, "4864fb3779f5f36b"),
+    ((3, 5, 33, 12, 12, 3, 1, 1), 8, 128, 1, 4, "02192f827173a35b"),
+    ((2, 16, 40, 8, 8, 1, 2, 0), 16, 128, 4, 1, "b6f13580bbe0e718"),
+]
+
+
+@pytest.mark.parametrize("shape, bk, threads, slices, tq, digest", FP32_PTX_DIGESTS)
+def test_the_fp32_ptx_is_unchanged(shape, bk, threads, slices, tq, digest):
+    spec = _spec(*shape)
+    ptx = unrolled_source.kernel_ptx(_weight(spec).numpy(), spec, bk, threads, slices=slices, tq=tq)
+    assert hashlib.sha256(ptx.encode()).hexdigest()[:16] == digest
+
+
+def test_half_weights_become_packed_pair_immediates():
+    assert unrolled_source.half2_hex(1.0) == "0x3C003C00"
+    assert unrolled_source.half2_hex(-2.0) == "0xC000C000"
+    assert unrolled_source.half2_hex(0.1) == "0x2E662E66"   # rounded to float16
+    with pytest.raises(ValueError, match="float16"):
+        unrolled_source.half2_hex(1e5)
+
+
+def _half_inputs(spec, sparsity=0.7, seed=1):
+    """Weight, x, bias and residual rounded to float16 (held as float32 CPU tensors)."""
+    weight = _weight(spec, sparsity).half().float()
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(spec.input_shape, generator=generator).half().float()
+    bias = torch.randn(spec.K, generator=generator).half().float()
+    residual = torch.randn(spec.output_shape, generator=generator).half().float()
+    return weight, x, bias, residual
+
+
+def _half_error(spec, config, weight, x, args, flush=0):
+    """(the float16 kernel's relative error against the fp64 reference on the CPU, that of the fp64
+    reference rounded to float16: what storing the output in float16 alone costs)."""
+    y = run_unrolled_on_cpu(x.numpy(), weight.numpy(), spec, config,
+                            *(a.numpy() if isinstance(a, torch.Tensor) else a for a in args), half=True, flush=flush)
+    assert not np.isnan(y).any(), config
+    ref = _reference(x, weight, *args, spec)
+    return relative_error(torch.from_numpy(y.astype(np.float64)), ref), relative_error(ref.half().double(), ref)
+
+
+# The bound. With fp16 inputs and weights (exact in fp64), cuDNN's fp16 convolution accumulates in
+# fp32 and rounds once to fp16: its error is about that of rounding the fp64 result to fp16. The
+# kernel adds the roundings of its f16x2 partials of HALF_FLUSH_TERMS terms, which grow with the
+# terms per partial (error variance about (F + 1) / 2 times the output rounding's for F terms:
+# about 1.9x the error at F = 4, 2.3x at F = 8). The project's rule, 2x cuDNN's error, is the bound.
+HALF_ERROR_FACTOR = 2.0
+
+
+@pytest.mark.parametrize("shape", ODD_SHAPES)
+def test_every_float16_candidate_computes_the_convolution_on_the_cpu(shape):
+    """Odd N too: the launcher packs a zero image after the last, whose results are not stored (an
+    NCHW store of it would leave the output buffer; a batch-innermost one would overwrite a value)."""
+    spec = _spec(*shape)
+    weight, x, bias, residual = _half_inputs(spec)
+    configs = unrolled.candidate_configs(spec, int(weight.count_nonzero()), torch.float16)
+    assert configs and all(config in unrolled.HALF_CANDIDATES for config in configs)
+    for index, config in enumerate(configs):
+        config = dataclasses.replace(config, out_layout=unrolled.OUT_LAYOUTS[index % 2])
+        args = (bias, residual, True) if (index // 2) % 2 == 0 else (None, None, False)
+        error, storage = _half_error(spec, config, weight, x, args)
+        assert error <= HALF_ERROR_FACTOR * storage, (config, error, storage)
+
+
+@pytest.mark.parametrize("density", ["all-zero", "dense"])
+def test_float16_all_zero_and_fully_dense_weights_on_the_cpu(density):
+    spec = _spec(3, 8, 9, 9, 9, 3, 1, 1)   # dense: 72 terms per output, 18 flushes
+    weight = torch.zeros(spec.weight_shape) if density == "all-zero" else _half_inputs(spec, 0.0)[0]
+    _, x, bias, residual = _half_inputs(spec)
+    for config in unrolled.candidate_configs(spec, int(weight.count_nonzero()), torch.float16):
+        error, storage = _half_error(spec, config, weight, x, (bias, residual, True))
+        assert error <= HALF_ERROR_FACTOR * storage, (config, error, storage)
+
+
+def test_float16_partials_are_flushed_every_few_terms():
+    """Each accumulator's f16x2 partial takes at most HALF_FLUSH_TERMS terms before its flush to fp32:
+    without the flush (one partial for all 144 terms) the error exceeds the bound."""
+    spec = _spec(2, 16, 8, 6, 6, 3, 1, 1)
+    weight, x, _, _ = _half_inputs(spec, 0.0)
+    config = unrolled.UnrolledConfig(8, 64, "batch_inner")
+    error, storage = _half_error(spec, config, weight, x, (None, None, False))
+    assert error <= HALF_ERROR_FACTOR * storage
+    unflushed, _ = _half_error(spec, config, weight, x, (None, None, False), flush=10 ** 6)
+    assert unflushed > HALF_ERROR_FACTOR * storage
+    ptx = unrolled_source.kernel_ptx(weight.numpy(), spec, 8, 64, half=True)
+    terms = ptx.count("fma.rn.f16x2") + ptx.count("mul.rn.f16x2")
+    assert terms == int(weight.count_nonzero())
+    per_channel = torch.count_nonzero(weight.reshape(spec.K, -1), dim=1).tolist()   # one slot per channel (N = 2)
+    assert ptx.count("mov.b32 {") == sum(-(-count // unrolled_source.HALF_FLUSH_TERMS) for count in per_channel)
+    assert ".f16x2" in ptx and "fma.rn.f32" not in ptx
+
+
+def test_float16_kernel_refuses_what_it_does_not_run():
+    spec = _spec(3, 5, 9, 13, 13, 3, 1, 1)
+    with pytest.raises(ValueError, match="one slice"):
+        unrolled.check_layer(spec, unrolled.UnrolledConfig(slices=2), dtype=torch.float16)
+    with pytest.raises(ValueError, match="one slice"):
+        unrolled_source.kernel_ptx(_weight(spec).numpy(), spec, 8, 64, slices=2, half=True)
+    with pytest.raises(ValueError, match="bfloat16"):
+        unrolled.candidate_configs(spec, 0, torch.bfloat16)
+    with pytest.raises(ValueError, match="float16"):
+        unrolled_source.kernel_ptx(_weight(spec).numpy() * 1e6, spec, 8, 64, half=True)
+    assert unrolled.thread_positions(spec, unrolled.UnrolledConfig(), torch.float16) == 13 * 13 * 2   # pairs
+
+
+def test_the_dtype_is_part_of_the_compile_keys():
+    from sparsecnn.backends.unrolled import backend as unrolled_backend
+
+    spec, config = _spec(4, 8, 12, 6, 6, 3, 1, 1), unrolled.UnrolledConfig(8, 64)
+    weight = _weight(spec)
+    assert unrolled._cache_key(weight, spec, config, "90") != unrolled._cache_key(weight, spec, config, "90",
+                                                                                   torch.float16)
+    assert (unrolled_backend._compile_key(weight, spec, config, torch.float32)
+            != unrolled_backend._compile_key(weight, spec, config, torch.float16))
+
+
+@needs_tools
+@pytest.mark.parametrize("n", [32, 3])
+def test_every_float16_candidate_compiles_without_spills(n):
+    spec = _spec(n, 64, 96, 16, 16, 3, 1, 1)   # Q = 16: every tq divides it
+    weight = _weight(spec, 0.9).numpy()
+    assert len(unrolled.candidate_configs(spec, 0, torch.float16)) == len(unrolled.HALF_CANDIDATES)
+    for config in unrolled.HALF_CANDIDATES:
+        for arch in ("80", "90"):
+            _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(
+                weight, spec, config.bk, config.threads, arch=arch, slices=config.slices, tq=config.tq, half=True),
+                arch)
+            assert info.spill_stores == 0 and info.spill_loads == 0, (config, arch, info)
 
 
 # --- GPU -------------------------------------------------------------------------------------------
@@ -272,6 +420,52 @@ def test_matches_the_fp64_reference_for_every_config(shape):
             assert relative_error(y.cpu(), ref) < 1e-6, config
             y = unrolled.unrolled_conv2d(x, compiled, None, None, False, config)
             assert relative_error(y.cpu(), _reference(x.cpu(), weight, None, None, False, spec)) < 1e-6, config
+
+
+def _cudnn_half_error(x, weight, bias, residual, relu, spec, ref) -> float:
+    """cuDNN's own float16 error on these inputs (fp16, channels_last, fp32 accumulation inside; the
+    residual and ReLU after it in fp16, as PyTorch runs them unfused) against `ref`."""
+    y = torch.nn.functional.conv2d(x.half().to(memory_format=torch.channels_last), weight.cuda().half(),
+                                   None if bias is None else bias.half(), spec.stride, spec.padding)
+    y = y + residual.half() if residual is not None else y
+    return relative_error((y.relu() if relu else y).cpu(), ref)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("shape", ODD_SHAPES + [(32, 64, 64, 28, 28, 3, 1, 1), (31, 256, 64, 14, 14, 1, 1, 0)])
+def test_float16_matches_the_fp64_reference_within_twice_cudnns_error(shape):
+    spec = _spec(*shape)
+    weight = _weight(spec, 0.9).half().float()
+    x = torch.randn(spec.input_shape, device="cuda").half()
+    bias = torch.randn(spec.K, device="cuda").half()
+    for config in unrolled.candidate_configs(spec, int(weight.count_nonzero()), torch.float16):
+        compiled = unrolled.compile_layer(weight, spec, config, dtype=torch.float16)
+        for out_layout in unrolled.OUT_LAYOUTS:
+            config = dataclasses.replace(config, out_layout=out_layout)
+            residual = new_output(spec.output_shape, x, config.out_layout).copy_(torch.randn(spec.output_shape))
+            torch.empty(4 * residual.numel(), device="cuda").fill_(float("nan"))   # poison the allocator's memory
+            for args in ((bias, residual, True), (None, None, False)):
+                y = unrolled.unrolled_conv2d(x, compiled, *args, config)
+                assert y.dtype == torch.float16 and y.stride() == residual.stride()
+                ref = _reference(x.cpu().float(), weight, *(a.cpu().float() if isinstance(a, torch.Tensor) else a
+                                                            for a in args), spec)
+                bound = HALF_ERROR_FACTOR * _cudnn_half_error(x, weight, *args, spec, ref)
+                assert relative_error(y.cpu(), ref) <= bound, config
+
+
+@gpu
+@needs_cuda
+def test_float16_refuses_mismatched_dtypes_naming_the_argument():
+    spec = _spec(3, 8, 16, 9, 9, 3, 1, 1)
+    compiled = unrolled.compile_layer(_weight(spec), spec, unrolled.UnrolledConfig(8, 64), dtype=torch.float16)
+    x = torch.randn(spec.input_shape, device="cuda").half()
+    with pytest.raises(ValueError, match="bias must be a torch.float16"):
+        unrolled.unrolled_conv2d(x, compiled, torch.randn(spec.K, device="cuda"))
+    with pytest.raises(TypeError, match="x dtype"):
+        unrolled.unrolled_conv2d(x.float(), compiled)
+    with pytest.raises(ValueError, match="out must be a torch.float16"):
+        unrolled.unrolled_conv2d(x, compiled, out=torch.empty(spec.output_shape, device="cuda"))
 
 
 @gpu
@@ -324,6 +518,31 @@ def test_sparse_conv_on_the_backend_matches_the_reference_in_both_layouts():
         config = unrolled.UnrolledConfig(16, 64, out_layout)
         layer = SparseConv2d(weight, bias, backend="unrolled", config=config, stride=2, padding=1, activation="relu")
         assert relative_error(layer(x).cpu(), ref) < 1e-6
+
+
+@gpu
+@needs_cuda
+def test_float16_sparse_conv_on_the_named_backend_matches_the_reference():
+    """A half model's layer (fp16 weight, bias and input) on the backend, odd N, both layouts, and
+    its op through opcheck and a CUDA graph."""
+    from sparsecnn.nn import SparseConv2d
+
+    spec = _spec(33, 24, 40, 13, 13, 3, 2, 1)
+    weight, bias = _weight(spec, 0.9).half().cuda(), torch.randn(spec.K, device="cuda").half()
+    x = torch.randn(spec.input_shape, device="cuda").half()
+    ref = _reference(x.cpu().float(), weight.cpu().float(), bias.cpu().float(), None, True, spec)
+    bound = HALF_ERROR_FACTOR * _cudnn_half_error(x, weight.float(), bias, None, True, spec, ref)
+    for out_layout in unrolled.OUT_LAYOUTS:
+        config = unrolled.UnrolledConfig(16, 64, out_layout)
+        layer = SparseConv2d(weight, bias, backend="unrolled", config=config, stride=2, padding=1, activation="relu")
+        y = layer(x)
+        assert layer.fallback_reason is None and y.dtype == torch.float16
+        assert relative_error(y.cpu(), ref) <= bound
+    backend = get_backend("unrolled")
+    call = backend.bind(backend.prepare(weight, None), spec, None, torch.float16, True)
+    torch.library.opcheck(call.fn, (x, *call.tensors, bias, None, *call.static, True))
+    assert relative_error(call(x, bias, None, True).cpu(), ref) <= bound
+    assert_graph_replay_matches(lambda: call(x, bias, None, True), x)
 
 
 def test_a_compiled_kernel_travels_between_processes_and_registers_by_identity():

@@ -4,7 +4,12 @@ A small interpreter of the PTX subset the writer emits, vectorised over the thre
 row (blockIdx.y, the group: it selects the same function for all of them): integer address
 arithmetic in int64, predicates, the exit branch (threads past the end leave), the jump table,
 calls, float32 loads, FMAs (exact product and sum in float64, one rounding to float32, as
-fma.rn), adds, max and stores, and the slices' shared memory (one array per block) and barrier. A
+fma.rn), adds, max and stores, and the slices' shared memory (one array per block) and barrier.
+The float16 kernel's ops too: f16x2 registers as uint32 bits (low half: the first image), 32-bit
+loads of two float16 elements, 16-bit loads and stores, `mov.b32` of immediates and unpacking,
+`mul.rn.f16x2` / `fma.rn.f16x2` per half (product and sum in float64, rounded once to float16;
+exact for the product, and for the sum but where the addends' exponents are over 29 apart, far
+from what the tests reach), and `cvt` between float16 and float32 (round to nearest even). A
 block's warp rows (%tid.y, the slices) run one after another, slice 0 last: the writer has slices
 1.. store their partial sums and reach the barrier as their last step, and slice 0 read them after
 it. Buffers live at fake addresses, so every load and store checks it stays inside its buffer. An
@@ -13,6 +18,7 @@ instruction it does not know fails the test.
 import re
 
 import numpy as np
+import torch
 
 from sparsecnn.backends.unrolled import kernel as unrolled
 from sparsecnn.backends.unrolled import source as unrolled_source
@@ -50,16 +56,20 @@ class _Machine:
             return _BASES["smem"] + self.special["%ctaid.x"] * self.shared_bytes
         if token.startswith("0f"):
             return np.float32(np.frombuffer(bytes.fromhex(token[2:])[::-1], dtype=np.float32)[0])
+        if token.startswith("0x"):
+            return np.uint32(int(token, 16))
         return np.int64(int(token))
 
-    def address(self, regs, operand):
+    def address(self, regs, operand, width=4):
+        """(buffer, element index) of a `width`-byte access at `operand`, inside the buffer and aligned."""
         match = re.fullmatch(r"\[(%\w+)\+(-?\d+)\]", operand)
         addr = regs[match.group(1)] + int(match.group(2))
         for name, base in _BASES.items():
-            if np.all((addr >= base) & (addr < base + 4 * self.buffers[name].size)):
-                if np.any((addr - base) % 4):
+            size = self.buffers[name].itemsize
+            if np.all((addr >= base) & (addr + width <= base + size * self.buffers[name].size)):
+                if np.any((addr - base) % width):
                     raise AssertionError(f"unaligned access {operand}")
-                return self.buffers[name], (addr - base) // 4
+                return self.buffers[name], (addr - base) // size
         raise AssertionError(f"access {operand} outside every buffer")
 
     def run(self, name, args):
@@ -130,11 +140,42 @@ class _Machine:
             a, b = (self.value(regs, o) for o in operands[1:3])
             compare = {"ge": np.greater_equal, "ne": np.not_equal, "eq": np.equal, "lt": np.less}[op.split(".")[1]]
             regs[dest] = np.broadcast_to(compare(a, b), self.special["%tid.x"].shape).copy()
+        elif op in ("ld.global.nc.b32", "ld.global.nc.b16", "ld.global.b16"):   # float16 buffers
+            assert predicate is None or predicate.all(), "the writer predicates loads uniformly"
+            assert self.buffers["x"].dtype == np.float16
+            buffer, index = self.address(regs, operands[1], 4 if op.endswith("b32") else 2)
+            bits = buffer.view(np.uint16)
+            regs[dest] = (bits[index].astype(np.uint32) | bits[index + 1].astype(np.uint32) << 16
+                          if op.endswith("b32") else bits[index].copy())
         elif op.startswith(("ld.global", "ld.shared")):
             assert predicate is None or predicate.all(), "the writer predicates loads uniformly"
             buffer, index = self.address(regs, operands[1])
             for e, name in enumerate(dest.strip("{}").split(", ")):
                 regs[name] = buffer[index + e].astype(np.float32)
+        elif op == "mov.b32" and dest.startswith("{"):   # unpack an f16x2: low half first
+            bits = regs[operands[1]]
+            low, high = dest.strip("{}").split(", ")
+            regs[low], regs[high] = (bits & 0xFFFF).astype(np.uint16), (bits >> 16).astype(np.uint16)
+        elif op == "mov.b32":
+            regs[dest] = np.full(len(self.special["%tid.x"]), self.value(regs, operands[1]), dtype=np.uint32)
+        elif op in ("mul.rn.f16x2", "fma.rn.f16x2"):
+            lanes = [_halves(self.value(regs, o)) for o in operands[1:]]
+            result = []
+            for lane in range(2):
+                a, b, *c = (halves[lane].astype(np.float64) for halves in lanes)
+                result.append((a * b + (c[0] if c else 0.0)).astype(np.float16))
+            regs[dest] = _pack(*result)
+        elif op == "cvt.f32.f16":
+            result = regs[operands[1]].view(np.float16).astype(np.float32)
+            regs[dest] = result if predicate is None else np.where(predicate, result, regs.get(dest, result))
+        elif op == "cvt.rn.f16.f32":
+            regs[dest] = regs[operands[1]].astype(np.float32).astype(np.float16).view(np.uint16)
+        elif op == "st.global.b16":
+            if predicate is not None:
+                regs = {name: value[predicate] if isinstance(value, np.ndarray) and value.shape else value
+                        for name, value in regs.items()}
+            buffer, index = self.address(regs, operands[0], 2)
+            buffer.view(np.uint16)[index] = regs[operands[1]]
         elif op == "fma.rn.f32":
             a, w, c = (self.value(regs, o) for o in operands[1:4])
             regs[dest] = (a.astype(np.float64) * np.float64(w) + c.astype(np.float64)).astype(np.float32)
@@ -153,34 +194,50 @@ class _Machine:
             raise AssertionError(f"the interpreter does not know {op}")
 
 
-def run_unrolled_on_cpu(x, weight, spec, config, bias, residual, relu, part_fmas=None) -> np.ndarray:
+def _halves(bits):
+    """(low, high) float16 halves of f16x2 bits."""
+    bits = np.asarray(bits, dtype=np.uint32)
+    return (bits & 0xFFFF).astype(np.uint16).view(np.float16), (bits >> 16).astype(np.uint16).view(np.float16)
+
+
+def _pack(low, high):
+    """f16x2 bits of float16 halves."""
+    return low.view(np.uint16).astype(np.uint32) | high.view(np.uint16).astype(np.uint32) << 16
+
+
+def run_unrolled_on_cpu(x, weight, spec, config, bias, residual, relu, part_fmas=None, half=False,
+                        flush=0) -> np.ndarray:
     """The kernel's (N, K, P, Q) output for x (N, C, H, W) and weight (K, C, R, S) float32 numpy,
     bias (K,) or None, residual (N, K, P, Q) or None, written in config.out_layout (the residual
     read in it too); NaN where the kernel wrote nothing. Every module of the layer runs
-    (`unrolled.layer_modules` with `part_fmas`), each with its own grid rows, as the launcher runs them."""
+    (`unrolled.layer_modules` with `part_fmas`), each with its own grid rows, as the launcher runs them.
+    half: the float16 kernel (`flush` passed to the writer), x, bias, residual and output float16
+    (x packed with a zero image after an odd N's last, as the launcher packs it)."""
     modules = unrolled.layer_modules(weight, config, part_fmas)
     n, k, p, q = spec.output_shape
     ph, pw = spec.padding
-    padded = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    dtype = np.float16 if half else np.float32
+    padded = np.pad(x, ((0, n % 2 if half else 0), (0, 0), (ph, ph), (pw, pw)))
     batch_inner = config.out_layout == "batch_inner"
     order = (1, 2, 3, 0) if batch_inner else (0, 1, 2, 3)   # memory order of the output's dims
     sizes = dict(zip("nkpq", (n, k, p, q)))
     strides, step = {}, 1
     for dim in reversed([("n", "k", "p", "q")[i] for i in order]):
         strides[dim], step = step, step * sizes[dim]
-    buffers = {"x": np.ascontiguousarray(padded.transpose(1, 2, 3, 0), dtype=np.float32).ravel(),
-               "bias": np.zeros(1, np.float32) if bias is None else np.asarray(bias, np.float32),
-               "res": (np.zeros(1, np.float32) if residual is None
-                       else np.ascontiguousarray(residual.transpose(order), dtype=np.float32).ravel()),
-               "y": np.full(n * k * p * q, np.nan, dtype=np.float32)}
-    grid_x = -(-unrolled.thread_positions(spec, config) // config.threads)
+    buffers = {"x": np.ascontiguousarray(padded.transpose(1, 2, 3, 0), dtype=dtype).ravel(),
+               "bias": np.zeros(1, dtype) if bias is None else np.asarray(bias, dtype),
+               "res": (np.zeros(1, dtype) if residual is None
+                       else np.ascontiguousarray(residual.transpose(order), dtype=dtype).ravel()),
+               "y": np.full(n * k * p * q, np.nan, dtype=dtype)}
+    torch_dtype = torch.float16 if half else torch.float32
+    grid_x = -(-unrolled.thread_positions(spec, config, torch_dtype) // config.threads)
     flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2
     args = {f"p_{name}": np.int64(base) for name, base in _BASES.items()}
     args.update(p_flags=np.int64(flags), p_sn=np.int64(strides["n"]), p_sk=np.int64(strides["k"]),
                 p_sp=np.int64(strides["p"]), p_sq=np.int64(strides["q"]))
     for groups in modules:
         ptx = unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads, groups, slices=config.slices,
-                                         tq=config.tq)
+                                         tq=config.tq, half=half, flush=flush)
         declared = re.search(rf"\.shared \.align 4 \.f32 {unrolled_source.PARTIALS}\[(\d+)\];", ptx)
         shared_floats = int(declared.group(1)) if declared else 0
         assert (shared_floats > 0) == (config.slices > 1)

@@ -1,5 +1,6 @@
 """Backend `unrolled`: each layer's weights as FMA immediates over batch-innermost activations
-(backends/unrolled/kernel.py: PTX written per layer and input shape, compiled by ptxas; fp32 CUDA).
+(backends/unrolled/kernel.py: PTX written per layer and input shape, compiled by ptxas; fp32 and
+fp16 CUDA, fp16 as packed pairs over two images with partial sums flushed to fp32).
 
 Each layer and input shape is compiled on its first `bind` (through the codegen disk cache, so a
 layer compiled before costs a file read), or taken from a worker process that `prefetch` set
@@ -7,7 +8,8 @@ compiling while earlier layers were timed (`workers.WorkerPool`, at most
 $SPARSECNN_UNROLLED_WORKERS). A compile's ptxas time grows with the non-zeros (the kernel takes
 at most `unrolled.max_kernel_fmas()`), so `auto` tries one config per layer (`unrolled.auto_config`)
 and only on outputs of at most 28x28 (`_auto_configs`): larger feature maps were not measured to
-gain (a 56x56 1x1 layer ran slower than `direct` "batch"). Runs go through the op
+gain (a 56x56 1x1 layer ran slower than `direct` "batch"); in fp16 `auto` tries none (its kernels
+were never timed: they run where the backend is named, tuned over `HALF_CANDIDATES`). Runs go through the op
 `sparsecnn::unrolled_conv2d`, which takes the compiled kernel by a handle (see core/op_support.py) and fuses
 bias, residual and ReLU. Importing this module touches neither CUDA nor ptxas.
 """
@@ -39,18 +41,18 @@ def _kernels():
     return unrolled
 
 
-def _compile_key(weight: torch.Tensor, spec: ConvSpec, config: Any) -> Tuple:
+def _compile_key(weight: torch.Tensor, spec: ConvSpec, config: Any, dtype: torch.dtype) -> Tuple:
     digest = hashlib.blake2b(weight.numpy().tobytes(), digest_size=16).hexdigest()
-    return digest, spec, config.bk, config.threads, config.slices, config.tq
+    return digest, spec, config.bk, config.threads, config.slices, config.tq, str(dtype)
 
 
-def _compile_in_worker(weight: torch.Tensor, spec: ConvSpec, config: Any) -> tuple:
-    return _kernels().compile_layer(weight, spec, config).fields()
+def _compile_in_worker(weight: torch.Tensor, spec: ConvSpec, config: Any, dtype: torch.dtype) -> tuple:
+    return _kernels().compile_layer(weight, spec, config, dtype=dtype).fields()
 
 
 class UnrolledWeight:
     """The packed form: the dense weight (zeros pruned) on the CPU, and the compiled kernel per input
-    shape and tiling (the output layout is a launch argument, so it shares the kernel)."""
+    shape, tiling and dtype (the output layout is a launch argument, so it shares the kernel)."""
 
     def __init__(self, weight: torch.Tensor):
         if weight.dim() != 4:
@@ -61,14 +63,15 @@ class UnrolledWeight:
         self._compiled: Dict[Tuple, Any] = {}
         self._lock = threading.Lock()
 
-    def compiled(self, spec: ConvSpec, config: Any):
-        """The kernel for inputs of `spec`'s shape, compiled on first use or taken from a worker."""
-        key = _compile_key(self.weight, spec, config)
+    def compiled(self, spec: ConvSpec, config: Any, dtype: torch.dtype = torch.float32):
+        """The kernel for inputs of `spec`'s shape and `dtype`, compiled on first use or taken from a
+        worker."""
+        key = _compile_key(self.weight, spec, config, dtype)
         with self._lock:
             if key not in self._compiled:
                 done = _WORKERS.take(key)
                 self._compiled[key] = (_kernels().CompiledUnrolled(*done) if done is not NOTHING else
-                                       _kernels().compile_layer(self.weight, spec, config))
+                                       _kernels().compile_layer(self.weight, spec, config, dtype=dtype))
             return self._compiled[key]
 
 
@@ -89,8 +92,8 @@ def _prepare(weight: torch.Tensor, config: Any) -> UnrolledWeight:
 
 
 def _bind(packed: UnrolledWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
-    config = config if config is not None else _kernels().auto_config(spec)
-    compiled = packed.compiled(spec, config)
+    config = config if config is not None else _kernels().auto_config(spec, dtype)
+    compiled = packed.compiled(spec, config, dtype)
     return KernelCall(torch.ops.sparsecnn.unrolled_conv2d.default, (), (register_codegen(compiled),
                                                                           config_json(config)),
                       keepalive=compiled, eager=op.unrolled_conv2d_eager)
@@ -99,18 +102,22 @@ def _bind(packed: UnrolledWeight, spec: ConvSpec, config: Any, dtype: torch.dtyp
 def _compile_kernels(packed: UnrolledWeight, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
                      relu_only: bool, cache) -> None:
     """The layer's kernel through `cache` (see `Backend.compile_kernels`)."""
-    _kernels().compile_layer(packed.weight, spec, config if config is not None else _kernels().auto_config(spec),
-                             cache=cache)
+    _kernels().compile_layer(packed.weight, spec,
+                             config if config is not None else _kernels().auto_config(spec, dtype), cache=cache,
+                             dtype=dtype)
 
 
 def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
-    """Every candidate the layer's shape allows (the weight's non-zeros are checked at bind)."""
-    return _kernels().candidate_configs(spec, 0)
+    """Every candidate of `dtype` the layer's shape allows (the weight's non-zeros are checked at bind)."""
+    return _kernels().candidate_configs(spec, 0, dtype)
 
 
 def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     """[`auto_config(spec)`] on layers of at most AUTO_MAX_OUTPUT_PIXELS output pixels and at least
-    AUTO_MIN_POSITIONS output positions (the kernel refuses weights of too many non-zeros at bind)."""
+    AUTO_MIN_POSITIONS output positions (the kernel refuses weights of too many non-zeros at bind);
+    none in float16 (never measured: it runs where the backend is named)."""
+    if dtype == torch.float16:
+        return []
     positions = spec.P * spec.Q * spec.N
     if spec.P * spec.Q > AUTO_MAX_OUTPUT_PIXELS or positions < AUTO_MIN_POSITIONS:
         return []
@@ -127,7 +134,7 @@ def _prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias
     if configs is None:
         configs = _auto_configs(spec, dtype)
     for config in configs:
-        _WORKERS.submit(_compile_key(weight, spec, config), _compile_in_worker, weight, spec, config)
+        _WORKERS.submit(_compile_key(weight, spec, config, dtype), _compile_in_worker, weight, spec, config, dtype)
 
 
 def _pending(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool, config: Any,
@@ -135,14 +142,14 @@ def _pending(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias:
     """Whether `config`'s kernel for this layer is still compiling in a worker (binding would wait)."""
     if _spec_check(spec) is not None:
         return False
-    return _WORKERS.running(_compile_key(weight.detach().to("cpu", torch.float32).contiguous(), spec, config))
+    return _WORKERS.running(_compile_key(weight.detach().to("cpu", torch.float32).contiguous(), spec, config, dtype))
 
 
 UNROLLED = register_backend(Backend(
     name="unrolled",
     description="direct sparse convolution with the layer's weights as FMA immediates (PTX per layer), "
-                "batch-innermost activations, fp32 CUDA sm_80 and newer",
-    dtypes={"cuda": (torch.float32,)},
+                "batch-innermost activations, fp32 and fp16 CUDA sm_80 and newer",
+    dtypes={"cuda": (torch.float32, torch.float16)},
     prepare=_prepare,
     bind=_bind,
     spec_check=_spec_check,

@@ -1,6 +1,9 @@
 """Unrolled sparse convolution on batch-innermost activations: one layer's weights as FMA immediates
-(paper 002's idea on the layout of the "batch" kernels), fp32, PTX written here and compiled by
-ptxas at run time per layer and input shape (`source.py`).
+(paper 002's idea on the layout of the "batch" kernels), fp32 or fp16, PTX written here and compiled
+by ptxas at run time per layer, input shape and dtype (`source.py`). fp16 (`compile_layer(...,
+dtype=torch.float16)`): packed f16x2 pairs over two images, partial sums flushed to fp32 every few
+terms (`source.py` says why), its own candidates (`HALF_CANDIDATES`: one slice), input, bias,
+residual and output all float16, an odd N packed with a zero image that is never stored.
 
 Why. The Triton "batch" kernel (`backends/direct/kernel_batch.py`) loads one input per non-zero and
 image: L2-bound on ResNet-50's 14x14 and 7x7 layers; `staged` reads
@@ -116,12 +119,26 @@ CANDIDATES = tuple([UnrolledConfig(bk, threads, "batch_inner", slices) for slice
                     for bk in BK_CHOICES for threads in (128, 64)]
                    + [UnrolledConfig(bk, 128, "batch_inner", 1, tq) for tq in TQ_CHOICES for bk in BK_CHOICES
                       if bk * tq <= 64])
+# float16 (`source._HalfWriter`): one slice; a slot costs three registers (its f16x2 partial and the
+# pair's two fp32 sums), so at most 32 slots (bk * tq) per thread.
+HALF_CANDIDATES = tuple([UnrolledConfig(bk, threads, "batch_inner") for bk in BK_CHOICES for threads in (128, 64)]
+                        + [UnrolledConfig(bk, 128, "batch_inner", 1, 2) for bk in BK_CHOICES if bk * 2 <= 32])
+DTYPES = (torch.float32, torch.float16)
 
 
-def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
-    """ValueError unless the kernel runs this layer with `config` (nnz: the weight's non-zeros)."""
+def _is_half(dtype: torch.dtype) -> bool:
+    if dtype not in DTYPES:
+        raise ValueError(f"the unrolled kernel runs {DTYPES}, got {dtype}")
+    return dtype == torch.float16
+
+
+def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0, dtype: torch.dtype = torch.float32) -> None:
+    """ValueError unless the kernel runs this layer with `config` at `dtype` (nnz: the weight's
+    non-zeros)."""
     if spec.groups != 1 or spec.dilation != (1, 1):
         raise ValueError("the unrolled kernel runs groups=1, dilation=1 only")
+    if _is_half(dtype) and config.slices != 1:
+        raise ValueError(f"the float16 unrolled kernel runs one slice, got slices={config.slices}")
     if -(-spec.K // config.bk) > _MAX_GRID_Y:
         raise ValueError(f"{spec.K} channels in groups of {config.bk} exceed the grid's {_MAX_GRID_Y} rows")
     padded = spec.C * (spec.H + 2 * spec.padding[0]) * (spec.W + 2 * spec.padding[1]) * spec.N
@@ -134,9 +151,10 @@ def check_layer(spec: ConvSpec, config: UnrolledConfig, nnz: int = 0) -> None:
                          f"${settings.UNROLLED_MAX_NNZ.name} raises it)")
 
 
-def thread_positions(spec: ConvSpec, config: UnrolledConfig) -> int:
-    """Threads per channel group and slice: one per image and run of config.tq output columns."""
-    return spec.P * (spec.Q // config.tq) * spec.N
+def thread_positions(spec: ConvSpec, config: UnrolledConfig, dtype: torch.dtype = torch.float32) -> int:
+    """Threads per channel group and slice: one per image (float16: per pair of images) and run of
+    config.tq output columns."""
+    return spec.P * (spec.Q // config.tq) * (-(-spec.N // 2) if _is_half(dtype) else spec.N)
 
 
 def max_kernel_fmas() -> int:
@@ -146,19 +164,20 @@ def max_kernel_fmas() -> int:
     return settings.unrolled_max_nnz()
 
 
-def candidate_configs(spec: ConvSpec, nnz: int) -> List[UnrolledConfig]:
-    """The candidates `check_layer` accepts for this layer and a weight of `nnz` non-zeros."""
+def candidate_configs(spec: ConvSpec, nnz: int, dtype: torch.dtype = torch.float32) -> List[UnrolledConfig]:
+    """The candidates of `dtype` (CANDIDATES, HALF_CANDIDATES) `check_layer` accepts for this layer
+    and a weight of `nnz` non-zeros."""
     fitting = []
-    for config in CANDIDATES:
+    for config in HALF_CANDIDATES if _is_half(dtype) else CANDIDATES:
         try:
-            check_layer(spec, config, nnz)
+            check_layer(spec, config, nnz, dtype)
         except ValueError:
             continue
         fitting.append(config)
     return fitting
 
 
-def auto_config(spec: ConvSpec) -> UnrolledConfig:
+def auto_config(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> UnrolledConfig:
     """One config per layer, as each costs a compile: the largest bk of BK_CHOICES that leaves at
     least MIN_THREADS_PER_COLUMN threads per input column (C*R*S) a group walks through, 128 threads
     per block. More channels per thread mean fewer loads per FMA, but fewer threads, each walking
@@ -170,7 +189,14 @@ def auto_config(spec: ConvSpec) -> UnrolledConfig:
     Batch-innermost output: a warp holds 32 positions of one pixel, so an NCHW store scatters them
     K*P*Q apart; tuned layers of "batch" backends write batch-innermost (`tuning.layout`), so their
     candidates are timed that way (with NCHW-writing candidates no ResNet-50 layer2 layer chose
-    unrolled)."""
+    unrolled).
+    float16 (not measured; the default when the backend is named without a config): the same rule
+    over pairs of images, one slice, bk 8 where no bk keeps enough threads."""
+    if _is_half(dtype):
+        threads = spec.P * spec.Q * -(-spec.N // 2)
+        bk = next((bk for bk in BK_CHOICES
+                   if threads * -(-spec.K // bk) >= MIN_THREADS_PER_COLUMN * spec.C * spec.R * spec.S), BK_CHOICES[-1])
+        return UnrolledConfig(bk, 128, "batch_inner")
     threads = spec.P * spec.Q * spec.N
     bk = next((bk for bk in BK_CHOICES
                if threads * -(-spec.K // bk) >= MIN_THREADS_PER_COLUMN * spec.C * spec.R * spec.S), None)
@@ -184,8 +210,8 @@ class CompiledUnrolled:
     """One layer's kernel at one input shape: its cubins (one per module, `unrolled_source.split_groups`;
     each loaded per device on first use) with the number of channel groups each computes, the layer
     and config it runs, and what compiling it cost (registers: the most of any module, -1 when every
-    module came from the cache). Compared and hashed by identity (the op's handle registry keys it
-    weakly)."""
+    module came from the cache); dtype: what it computes in (float32 or float16). Compared and hashed
+    by identity (the op's handle registry keys it weakly)."""
 
     cubins: Tuple[bytes, ...]
     group_counts: Tuple[int, ...]
@@ -194,8 +220,10 @@ class CompiledUnrolled:
     compile_s: float
     registers: int
     spill_bytes: int
+    dtype: torch.dtype = torch.float32
 
     def __post_init__(self):
+        _is_half(self.dtype)
         if len(self.cubins) != len(self.group_counts) or not self.cubins:
             raise ValueError(f"{len(self.cubins)} cubins for {len(self.group_counts)} group counts")
         self._modules = LazyKernels(self.cubins, KERNEL_NAME)
@@ -207,7 +235,7 @@ class CompiledUnrolled:
     def fields(self) -> tuple:
         """What rebuilds it in another process (`CompiledUnrolled(*fields)`): the loaded kernels stay."""
         return (self.cubins, self.group_counts, self.spec, self.config, self.compile_s, self.registers,
-                self.spill_bytes)
+                self.spill_bytes, self.dtype)
 
 
 @functools.lru_cache(maxsize=1)
@@ -216,13 +244,14 @@ def _generator_digest() -> str:
     return toolchain.cache_key(*(Path(module.__file__).read_bytes() for module in (unrolled_source, spec_module)))
 
 
-def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig, arch: str) -> str:
-    """A kernel's cache key: the weight's bytes, the layer without its name, the tiling, the generator's
+def _cache_key(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig, arch: str,
+               dtype: torch.dtype = torch.float32) -> str:
+    """A kernel's cache key: the weight's bytes, the layer without its name, the tiling, the dtype, the generator's
     digest and the toolchain and arch, not the PTX itself: writing the PTX is slow enough that loading an
     artefact would pay it for every layer."""
     layer = dataclasses.replace(spec, name="")
     return toolchain.cache_key("unrolled", weight.numpy().tobytes(), tuple(weight.shape), repr(layer), config.bk,
-                               config.threads, config.slices, config.tq, _generator_digest(),
+                               config.threads, config.slices, config.tq, str(dtype), _generator_digest(),
                                toolchain.toolchain_id(arch))
 
 
@@ -235,18 +264,19 @@ def layer_modules(weight: np.ndarray, config: UnrolledConfig,
 
 
 def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
-                  cache: Optional[DiskCache] = None, arch=None) -> CompiledUnrolled:
+                  cache: Optional[DiskCache] = None, arch=None, dtype: torch.dtype = torch.float32) -> CompiledUnrolled:
     """The kernel of this layer (weight (K, C, R, S), zeros pruned, exact in float32) at spec's input
     shape: its modules' cubins from `cache` (default: the codegen disk cache; `_cache_key`) or ptxas,
     the missing modules compiled at once. The output layout is not compiled in (the launcher passes
-    strides). arch: the target ("86", DeviceProperties; None: the current GPU's, sm_90 without one)."""
+    strides). arch: the target ("86", DeviceProperties; None: the current GPU's, sm_90 without one);
+    dtype: float32, or float16 (the weight rounded to float16, which must leave it finite)."""
     arch = toolchain.target_arch(arch)
     weight = weight.detach().to("cpu", torch.float32).contiguous()
-    check_layer(spec, config, int(torch.count_nonzero(weight)))
+    check_layer(spec, config, int(torch.count_nonzero(weight)), dtype)
     start = time.perf_counter()
     cache = cache or DiskCache()
     modules = layer_modules(weight.numpy(), config)
-    key = _cache_key(weight, spec, config, arch)
+    key = _cache_key(weight, spec, config, arch, dtype)
     suffixes = [f"{index}of{len(modules)}.cubin" for index in range(len(modules))]
     cubins = [cache.get(key, suffix) for suffix in suffixes]
     registers, spills = -1, 0
@@ -257,14 +287,14 @@ def compile_layer(weight: torch.Tensor, spec: ConvSpec, config: UnrolledConfig,
             with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(missing), _COMPILE_THREADS))) as pool:
                 results = pool.map(lambda index: toolchain.ptxas_cubin(
                     kernel_ptx(weight.numpy(), spec, config.bk, config.threads, modules[index], arch, config.slices,
-                               config.tq), arch), missing)
+                               config.tq, _is_half(dtype)), arch), missing)
                 for index, (cubin, info, _) in zip(missing, results):
                     cubins[index] = cubin
                     registers = max(registers, info.registers)
                     spills += info.spill_stores + info.spill_loads
                     cache.put(key, suffixes[index], cubin)
     return CompiledUnrolled(tuple(cubins), tuple(len(groups) for groups in modules), spec, config,
-                            time.perf_counter() - start, registers, spills)
+                            time.perf_counter() - start, registers, spills, dtype)
 
 
 def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[torch.Tensor] = None,
@@ -273,34 +303,39 @@ def unrolled_conv2d(x: torch.Tensor, compiled: CompiledUnrolled, bias: Optional[
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """act(conv(x) + bias + residual) for the layer `compiled` was built for.
 
-    x: (N, C, H, W) float32 CUDA of that layer's input shape, any strides; bias: (K,) float32 or
-    None; residual: (N, K, P, Q) or None (copied when its strides differ from the output's);
-    config: the layout of a new output (default: compiled.config's); out: an (N, K, P, Q) float32
-    tensor with any strides (default: new). Returns out.
+    x: (N, C, H, W) CUDA of that layer's input shape and the kernel's dtype (compiled.dtype: float32
+    or float16), any strides; bias: (K,) of that dtype too (float16 kernels: float16, as a half
+    model's bias is; added in fp32) or None; residual: (N, K, P, Q) of that dtype or None (copied
+    when its strides differ from the output's); config: the layout of a new output (default:
+    compiled.config's); out: an (N, K, P, Q) tensor of that dtype with any strides (default: new).
+    Returns out. float16 with an odd N: the input is packed with a zero image after the last (a
+    thread owns a pair of images), whose results are not stored.
     """
-    spec = compiled.spec
-    check_triton_input(x, "unrolled", (torch.float32,))
+    spec, dtype = compiled.spec, compiled.dtype
+    check_triton_input(x, "unrolled", (dtype,))
     if not x.is_cuda:
         raise ValueError(f"x must be on CUDA for the unrolled kernel, got {x.device}")
     if tuple(x.shape) != spec.input_shape:
         raise ValueError(f"x has shape {tuple(x.shape)}, the kernel was compiled for {spec.input_shape}")
     check_residual(residual, spec.output_shape, x)
-    if bias is not None and (bias.shape != (spec.K,) or bias.dtype != torch.float32 or bias.device != x.device):
-        raise ValueError(f"bias must be a float32 ({spec.K},) tensor on {x.device}, got {bias.dtype} "
-                         f"{tuple(bias.shape)} on {bias.device}")
+    if bias is not None and (bias.shape != (spec.K,) or bias.dtype != dtype or bias.device != x.device):
+        raise ValueError(f"bias must be a {dtype} ({spec.K},) tensor on {x.device} (the kernel's dtype), got "
+                         f"{bias.dtype} {tuple(bias.shape)} on {bias.device}")
     if out is None:
         out = new_output(spec.output_shape, x, (config or compiled.config).out_layout)
-    elif tuple(out.shape) != spec.output_shape or out.dtype != torch.float32 or out.device != x.device:
-        raise ValueError(f"out must be a float32 {spec.output_shape} tensor on {x.device}, got {out.dtype} "
+    elif tuple(out.shape) != spec.output_shape or out.dtype != dtype or out.device != x.device:
+        raise ValueError(f"out must be a {dtype} {spec.output_shape} tensor on {x.device}, got {out.dtype} "
                          f"{tuple(out.shape)} on {out.device}")
     if spec.N == 0:
         return out
     if residual is not None and residual.stride() != out.stride():
         residual = torch.empty_like(out).copy_(residual)
     one_by_one = spec.R == 1 and spec.S == 1
+    if dtype == torch.float16 and spec.N % 2:   # the pairs' last image: zero, never stored
+        x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
     xt = padded_batch_inner(x, *spec.padding, step=spec.stride if one_by_one else (1, 1))
     bias = None if bias is None else bias.contiguous()
-    blocks = -(-thread_positions(spec, compiled.config) // compiled.config.threads)
+    blocks = -(-thread_positions(spec, compiled.config, dtype) // compiled.config.threads)
     pointers = (xt.data_ptr(), bias.data_ptr() if bias is not None else 0,
                 residual.data_ptr() if residual is not None else 0, out.data_ptr())
     flags = int(relu) | int(bias is not None) << 1 | int(residual is not None) << 2

@@ -1,6 +1,7 @@
 """The `sparsecnn::unrolled_conv2d` op: a compiled unrolled kernel (one layer's weights as FMA
-immediates, PTX through ptxas, fp32) found by its handle, with the fused epilogue; its output is
-batch-innermost when the config's out_layout says so.
+immediates, PTX through ptxas, fp32 or fp16: x, bias, residual and output all of the kernel's dtype)
+found by its handle, with the fused epilogue; its output is batch-innermost when the config's
+out_layout says so.
 """
 from __future__ import annotations
 

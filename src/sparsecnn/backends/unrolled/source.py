@@ -27,6 +27,21 @@ launch, so one compile serves every epilogue and layout. Two images per thread (
 twice the accumulators) was never the fastest config of a layer and compiled much longer.
 Kernel parameters: (u64 x, u64 bias, u64 res, u64 y, u32 flags, u32 sn, sk, sp, sq), the strides
 in elements of the (N, K, P, Q) output.
+
+float16 (`kernel_ptx(..., half=True)`, `_HalfWriter`; the fp32 text is untouched by it): packed
+pairs over two images. A thread owns images n0 = 2i and n0 + 1 of its position; the input is packed
+as (C, Hp, Wp, Npad) float16 with Npad = N rounded up to even (an odd N gets a zero image, computed
+and never stored: flags bit PHANTOM), so one aligned 32-bit load is the f16x2 pair of both images'
+inputs, and each non-zero one `fma.rn.f16x2` with the weight rounded to float16 in both halves
+(`mov.b32` of a .b32 immediate into a register: PTX takes no f16x2 immediate operand). Error: an
+f16x2 partial sum rounds at every term, its error growing with the terms it holds (for F terms per
+partial, about (F + 1) / 2 times the variance of rounding the output once, which is cuDNN's error
+with its fp32 accumulation), so each accumulator's partial takes HALF_FLUSH_TERMS terms and is then
+flushed: unpacked (`mov.b32 {lo, hi}`), each half converted and added to one of the pair's two fp32
+sums, the next partial starting with a `mul.rn.f16x2`. F = 4 keeps the error within the project's
+2x of cuDNN's; F = 8 would not. The epilogue (bias, residual, ReLU) runs in fp32 from float16 bias
+and residual, and each image is stored as float16 (`cvt.rn.f16.f32`, two 16-bit stores at the
+output's strides). One slice only (no shared-memory partials); tq as in fp32.
 """
 from __future__ import annotations
 
@@ -45,6 +60,9 @@ DEFAULT_ARCH = "90"   # the target when none is given (an H100/H200)
 _LOAD_REGISTERS = 16   # rotating load destinations (ptxas renames anyway)
 PARTIALS = "partials"   # shared memory: the partial sums of slices 1.. (slice-major, channel, thread)
 OUTSIDE = 8   # flags bit: the thread's position is past the last one (it stores nothing)
+PHANTOM = 16   # flags bit (float16): the pair's second image is past N (it is not stored)
+HALF_FLUSH_TERMS = 4   # float16: f16x2 terms per partial sum before it is added to fp32 (docstring)
+_WEIGHT_REGISTERS = 8   # float16: rotating f16x2 weight registers (each a mov of an immediate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,10 +188,14 @@ class _Writer:
                   "brx.idx %r20, $TABLE;")
         for index, part in targets:
             self.emit(f"$G{index}_{part}:",
-                      f"call.uni group{index}_{part}, (%rd4, %rd1, %rd6, %rd7, %r0, %r13, %r15);",
+                      f"call.uni group{index}_{part}, ({self._call_arguments()});",
                       "bra.uni $DONE;")
         self.emit("$DONE:", "ret;", "}")
         return "\n".join(self.lines) + "\n"
+
+    def _call_arguments(self) -> str:
+        """What the entry passes each group function (`_prologue` says what they hold)."""
+        return "%rd4, %rd1, %rd6, %rd7, %r0, %r13, %r15"
 
     def _prologue(self) -> None:
         """m (the thread's position: image fastest, then its run of tq output columns, then the
@@ -278,19 +300,177 @@ class _Writer:
                   "@%p1 max.f32 %o0, %o0, 0f00000000;", "@%p4 st.global.f32 [%rd5+0], %o0;")
 
 
+def half2_hex(value: float) -> str:
+    """PTX .b32 immediate (0xHHHHHHHH) of the f16x2 pair with `value` rounded to float16 in both
+    halves; ValueError unless that is finite."""
+    with np.errstate(over="ignore"):
+        half = np.float16(value)
+    if not np.isfinite(half):
+        raise ValueError(f"weight {value} is not finite in float16")
+    bits = int(np.array(half).view(np.uint16))
+    return "0x%08X" % (bits << 16 | bits)
+
+
+class _HalfWriter(_Writer):
+    """The float16 kernel (module docstring, "float16"): a thread owns images n0 = 2i and n0 + 1 of
+    its position; the input is packed with Npad = N rounded up to even images (an odd N's last
+    pair holds a zero image that is computed and never stored), so one aligned 32-bit load is the
+    f16x2 pair of both images' inputs."""
+
+    def __init__(self, weight: np.ndarray, spec: ConvSpec, groups: Sequence[Sequence[int]], threads: int,
+                 arch: str = DEFAULT_ARCH, slices: int = 1, bk: int = 0, tq: int = 1, flush: int = HALF_FLUSH_TERMS):
+        if slices != 1:
+            raise ValueError(f"the float16 unrolled kernel runs one slice, got slices={slices}")
+        if flush < 1:
+            raise ValueError(f"flush must be a positive number of terms, got {flush}")
+        super().__init__(weight, spec, groups, threads, arch, slices, bk, tq)
+        self.flush = flush
+        self.padded_n = spec.N + spec.N % 2
+
+    def _call_arguments(self) -> str:
+        return "%rd4, %rd1, %rd6, %rd7, %r0, %r13, %r15, %r17"
+
+    def _prologue(self) -> None:
+        """As `_Writer._prologue` over image pairs (m: pair fastest), with byte offsets of 2-byte
+        elements; %r17 the second image's offset from the first in the output (sn elements; 0 for
+        a pair whose second image is past N, which also sets flags bit PHANTOM)."""
+        spec, n, tq = self.spec, self.padded_n, self.tq
+        sh, sw = spec.stride
+        runs, pairs = spec.Q // tq, n // 2
+        positions = spec.P * runs * pairs
+        for index, name in enumerate(("x", "bias", "res", "y")):
+            self.emit(f"ld.param.u64 %rd{index}, [p_{name}];", f"cvta.to.global.u64 %rd{index}, %rd{index};")
+        self.emit("ld.param.u32 %r0, [p_flags];", "ld.param.u32 %r12, [p_sn];", "ld.param.u32 %r13, [p_sk];",
+                  "ld.param.u32 %r14, [p_sp];", "ld.param.u32 %r15, [p_sq];",
+                  "mov.u32 %r1, %ctaid.x;", "mov.u32 %r2, %tid.x;",
+                  f"mad.lo.s32 %r4, %r1, {self.threads}, %r2;",
+                  f"setp.ge.s32 %p0, %r4, {positions};", f"selp.b32 %r21, {OUTSIDE}, 0, %p0;",
+                  "or.b32 %r0, %r0, %r21;", f"min.s32 %r4, %r4, {positions - 1};",
+                  f"div.s32 %r5, %r4, {pairs};", f"mul.lo.s32 %r6, %r5, {pairs};", "sub.s32 %r6, %r4, %r6;",
+                  "add.s32 %r6, %r6, %r6;",   # n0: the pair's first image
+                  f"div.s32 %r7, %r5, {runs};", f"mul.lo.s32 %r8, %r7, {runs};", "sub.s32 %r8, %r5, %r8;",
+                  f"mul.lo.s32 %r8, %r8, {tq};",
+                  f"mul.lo.s32 %r9, %r7, {sh};", f"mul.lo.s32 %r10, %r8, {sw};",
+                  f"mul.lo.s32 %r11, %r9, {(spec.W + 2 * spec.padding[1]) * n};",
+                  f"mad.lo.s32 %r11, %r10, {n}, %r11;",
+                  "add.s32 %r11, %r11, %r6;",
+                  "mul.wide.s32 %rd4, %r11, 2;", "add.s64 %rd4, %rd0, %rd4;",
+                  "mul.lo.s32 %r16, %r6, %r12;", "mad.lo.s32 %r16, %r7, %r14, %r16;",
+                  "mad.lo.s32 %r16, %r8, %r15, %r16;",
+                  "mul.wide.s32 %rd5, %r16, 2;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;",
+                  "mov.u32 %r17, %r12;")
+        if spec.N % 2:
+            self.emit(f"setp.ge.s32 %p1, %r6, {spec.N - 1};", f"selp.b32 %r21, {PHANTOM}, 0, %p1;",
+                      "or.b32 %r0, %r0, %r21;", "selp.b32 %r17, 0, %r12, %p1;")
+
+    def _slice_function(self, index: int, part: int, group: Sequence[int], columns: Sequence[Column]) -> None:
+        """Group `index`'s f16x2 FMAs (`_fmas`) into its fp32 accumulators %a (2 per slot: the pair's
+        images), then the epilogue per slot and image (`_store`)."""
+        slots = len(group) * self.tq   # slot t * len(group) + j: output column t, channel j
+        self.emit(f".func group{index}_{part}(.param .u64 xb, .param .u64 bias, .param .u64 resm, .param .u64 ym, "
+                  ".param .u32 flags, .param .u32 sk, .param .u32 sq, .param .u32 sn)", "{",
+                  ".reg .pred %p<6>; .reg .b32 %r<5>; .reg .b64 %rd<9>; .reg .b16 %h<4>;",
+                  f".reg .b32 %v<{self._load_registers()}>; .reg .b32 %w<{_WEIGHT_REGISTERS}>; "
+                  f".reg .b32 %s<{max(1, slots)}>; .reg .f32 %a<{max(1, 2 * slots)}>; .reg .f32 %o<4>;",
+                  "ld.param.u64 %rd0, [xb];", "ld.param.u64 %rd1, [bias];", "ld.param.u64 %rd2, [resm];",
+                  "ld.param.u64 %rd3, [ym];", "ld.param.u32 %r0, [flags];", "ld.param.u32 %r1, [sk];",
+                  "ld.param.u32 %r2, [sq];", "ld.param.u32 %r4, [sn];", "mul.wide.s32 %rd8, %r4, 2;")
+        self.emit(*(f"mov.f32 %a{a}, 0f00000000;" for a in range(2 * slots)))
+        self._fmas(group, columns)
+        self.emit("and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
+                  "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
+                  "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;",
+                  f"and.b32 %r3, %r0, {OUTSIDE};", "setp.eq.s32 %p4, %r3, 0;",
+                  f"and.b32 %r3, %r0, {OUTSIDE | PHANTOM};", "setp.eq.s32 %p5, %r3, 0;")
+        for t in range(self.tq):
+            self.emit(f"mul.wide.s32 %rd6, %r2, {2 * t};")   # output column t of the run: t * sq elements
+            for j, channel in enumerate(group):
+                self._store(t * len(group) + j, channel)
+        self.emit("ret;", "}", "")
+
+    def _fmas(self, group: Sequence[int], columns: Sequence[Column]) -> None:
+        """`_Writer._fmas` in f16x2: each load is the pair's two inputs, each term one
+        `fma.rn.f16x2` with the weight in both halves (a `mov.b32` into a rotating register: PTX
+        has no f16x2 immediates; ptxas folds the constant into the HFMA2). A slot's f16x2 partial
+        %s starts with a `mul.rn.f16x2` and is flushed to its two fp32 accumulators after every
+        `flush` terms and at the end."""
+        registers, n, sw = self._load_registers(), self.padded_n, self.spec.stride[1]
+        next_register = next_weight = 0
+        pending = {}   # slot -> terms in its partial since its last flush
+        for _, row, loads in tile_loads(columns, self.tq, sw):
+            base = self._packed_offset(row[0]) - row[0].s * n
+            held = {}
+            for u in loads:
+                held[u] = f"%v{next_register % registers}"
+                next_register += 1
+                self.emit(f"ld.global.nc.b32 {held[u]}, [%rd0+{2 * (base + u * n)}];")
+            for column in row:
+                for t in range(self.tq):
+                    register, first = held[t * sw + column.s], t * len(group)
+                    for j, value in column.terms:
+                        slot, weight = first + j, f"%w{next_weight % _WEIGHT_REGISTERS}"
+                        next_weight += 1
+                        self.emit(f"mov.b32 {weight}, {half2_hex(value)};")
+                        if pending.get(slot, 0):
+                            self.emit(f"fma.rn.f16x2 %s{slot}, {register}, {weight}, %s{slot};")
+                        else:
+                            self.emit(f"mul.rn.f16x2 %s{slot}, {register}, {weight};")
+                        pending[slot] = pending.get(slot, 0) + 1
+                        if pending[slot] == self.flush:
+                            self._flush(slot)
+                            pending[slot] = 0
+        for slot in sorted(slot for slot, count in pending.items() if count):
+            self._flush(slot)
+
+    def _packed_offset(self, column: Column) -> int:
+        """`column`'s element offset in the packed input (C, Hp, Wp, Npad)."""
+        spec, n = self.spec, self.padded_n
+        wp = spec.W + 2 * spec.padding[1]
+        return ((column.c * (spec.H + 2 * spec.padding[0]) + column.r) * wp + column.s) * n
+
+    def _flush(self, slot: int) -> None:
+        """Slot `slot`'s f16x2 partial added to its two fp32 accumulators (low half: image n0)."""
+        self.emit(f"mov.b32 {{%h0, %h1}}, %s{slot};",
+                  "cvt.f32.f16 %o0, %h0;", f"add.f32 %a{2 * slot}, %a{2 * slot}, %o0;",
+                  "cvt.f32.f16 %o0, %h1;", f"add.f32 %a{2 * slot + 1}, %a{2 * slot + 1}, %o0;")
+
+    def _store(self, slot: int, channel: int) -> None:
+        """act(acc + bias + residual) of slot `slot`'s two images in fp32, stored as float16 (one
+        rounding) at the output column whose byte offset from the run's first is in %rd6, the
+        second image sn elements after the first (%rd8 bytes); none past the last position, and
+        the second none past N (%p5)."""
+        first, second = 2 * slot, 2 * slot + 1
+        self.emit(f"mul.wide.s32 %rd4, %r1, {2 * channel};", "add.s64 %rd4, %rd4, %rd6;", "add.s64 %rd5, %rd3, %rd4;",
+                  "mov.f32 %o1, 0f00000000;", f"@%p2 ld.global.nc.b16 %h2, [%rd1+{2 * channel}];",
+                  "@%p2 cvt.f32.f16 %o1, %h2;",
+                  f"add.f32 %o0, %a{first}, %o1;", f"add.f32 %o3, %a{second}, %o1;",
+                  "add.s64 %rd4, %rd2, %rd4;",
+                  "@%p3 ld.global.b16 %h2, [%rd4+0];", "@%p3 cvt.f32.f16 %o2, %h2;", "@%p3 add.f32 %o0, %o0, %o2;",
+                  "add.s64 %rd4, %rd4, %rd8;",
+                  "@%p3 ld.global.b16 %h2, [%rd4+0];", "@%p3 cvt.f32.f16 %o2, %h2;", "@%p3 add.f32 %o3, %o3, %o2;",
+                  "@%p1 max.f32 %o0, %o0, 0f00000000;", "@%p1 max.f32 %o3, %o3, 0f00000000;",
+                  "cvt.rn.f16.f32 %h2, %o0;", "@%p4 st.global.b16 [%rd5+0], %h2;",
+                  "add.s64 %rd5, %rd5, %rd8;",
+                  "cvt.rn.f16.f32 %h3, %o3;", "@%p5 st.global.b16 [%rd5+0], %h3;")
+
+
 def kernel_ptx(weight: np.ndarray, spec: ConvSpec, bk: int, threads: int,
                groups: Optional[Sequence[Sequence[int]]] = None, arch: str = DEFAULT_ARCH, slices: int = 1,
-               tq: int = 1) -> str:
+               tq: int = 1, half: bool = False, flush: int = 0) -> str:
     """PTX of the kernel for one layer: weight (K, C, R, S) float32 (zeros pruned), spec the layer at
     its input shape; groups: the channel groups this module computes, blockIdx.y indexing them
     (default: `channel_groups(weight, bk)`, the whole layer in one module); arch: the `.target`
     ("90": sm_90; plain fp32 PTX, nothing arch-specific); slices: warp rows per block, each taking a
     share of every group's columns (partial sums added through shared memory); tq: output columns
-    per thread (a divisor of Q), each loaded input value serving every one reading it."""
+    per thread (a divisor of Q), each loaded input value serving every one reading it; half: the
+    float16 kernel (one slice; weights rounded to float16, which must leave them finite), flush its
+    f16x2 terms per partial (0: HALF_FLUSH_TERMS; tests change it)."""
     if tuple(weight.shape) != spec.weight_shape:
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match the layer's {spec.weight_shape}")
     weight = np.ascontiguousarray(weight, dtype=np.float32)
     groups = channel_groups(weight, bk) if groups is None else groups
     if tq < 1 or spec.Q % tq:
         raise ValueError(f"tq must divide the layer's {spec.Q} output columns, got {tq}")
+    if half:
+        return _HalfWriter(weight, spec, groups, threads, arch, slices, bk, tq, flush or HALF_FLUSH_TERMS).source()
     return _Writer(weight, spec, groups, threads, arch, slices, bk, tq).source()
