@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -157,10 +157,14 @@ def tile_loads(columns: Sequence[Column], tq: int, sw: int) -> List[Tuple[Tuple[
 
 
 class _Writer:
+    IMAGES_PER_THREAD = 1   # consecutive images of one position a thread computes
+    ELEMENT_BYTES = 4
+
     def __init__(self, weight: np.ndarray, spec: ConvSpec, groups: Sequence[Sequence[int]], threads: int,
                  arch: str = DEFAULT_ARCH, slices: int = 1, bk: int = 0, tq: int = 1):
         self.weight, self.spec, self.groups, self.threads, self.arch = weight, spec, groups, threads, arch
         self.slices, self.tq = slices, tq
+        self.padded_n = spec.N + (-spec.N) % self.IMAGES_PER_THREAD   # images in the packed input
         self.bk = max([bk, *(len(group) for group in groups)])   # the partial sums' channel stride
         self.lines: List[str] = []
 
@@ -204,10 +208,10 @@ class _Writer:
         strides sn, sp, sq in elements), the channel and column strides sk, sq (%r13, %r15) and the
         flags (%r0) with bit 3 set past the last position. Such a thread computes the last position
         again and stores nothing: every warp of a block reaches the barrier of the partial sums."""
-        spec, n, tq = self.spec, self.spec.N, self.tq
+        spec, n, tq, per = self.spec, self.padded_n, self.tq, self.IMAGES_PER_THREAD
         sh, sw = spec.stride
-        runs = spec.Q // tq   # runs of tq output columns per output row
-        positions = spec.P * runs * n
+        runs, owners = spec.Q // tq, n // per   # runs of tq output columns per row; threads per image set
+        positions = spec.P * runs * owners
         for index, name in enumerate(("x", "bias", "res", "y")):
             self.emit(f"ld.param.u64 %rd{index}, [p_{name}];", f"cvta.to.global.u64 %rd{index}, %rd{index};")
         self.emit("ld.param.u32 %r0, [p_flags];", "ld.param.u32 %r12, [p_sn];", "ld.param.u32 %r13, [p_sk];",
@@ -216,17 +220,28 @@ class _Writer:
                   f"mad.lo.s32 %r4, %r1, {self.threads}, %r2;",
                   f"setp.ge.s32 %p0, %r4, {positions};", f"selp.b32 %r21, {OUTSIDE}, 0, %p0;",
                   "or.b32 %r0, %r0, %r21;", f"min.s32 %r4, %r4, {positions - 1};",
-                  f"div.s32 %r5, %r4, {n};", f"mul.lo.s32 %r6, %r5, {n};", "sub.s32 %r6, %r4, %r6;",  # pix, img
-                  f"div.s32 %r7, %r5, {runs};", f"mul.lo.s32 %r8, %r7, {runs};", "sub.s32 %r8, %r5, %r8;",  # p, run
+                  f"div.s32 %r5, %r4, {owners};", f"mul.lo.s32 %r6, %r5, {owners};",
+                  "sub.s32 %r6, %r4, %r6;")   # %r6: the thread's (first) image
+        if per > 1:
+            self.emit(f"mul.lo.s32 %r6, %r6, {per};")
+        self.emit(f"div.s32 %r7, %r5, {runs};", f"mul.lo.s32 %r8, %r7, {runs};", "sub.s32 %r8, %r5, %r8;",  # p, run
                   f"mul.lo.s32 %r8, %r8, {tq};",  # q of the run's first column
                   f"mul.lo.s32 %r9, %r7, {sh};", f"mul.lo.s32 %r10, %r8, {sw};",
                   f"mul.lo.s32 %r11, %r9, {(spec.W + 2 * spec.padding[1]) * n};",
                   f"mad.lo.s32 %r11, %r10, {n}, %r11;",
                   "add.s32 %r11, %r11, %r6;",
-                  "mul.wide.s32 %rd4, %r11, 4;", "add.s64 %rd4, %rd0, %rd4;",
+                  f"mul.wide.s32 %rd4, %r11, {self.ELEMENT_BYTES};", "add.s64 %rd4, %rd0, %rd4;",
                   "mul.lo.s32 %r16, %r6, %r12;", "mad.lo.s32 %r16, %r7, %r14, %r16;",
                   "mad.lo.s32 %r16, %r8, %r15, %r16;",
-                  "mul.wide.s32 %rd5, %r16, 4;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;")
+                  f"mul.wide.s32 %rd5, %r16, {self.ELEMENT_BYTES};", "add.s64 %rd6, %rd2, %rd5;",
+                  "add.s64 %rd7, %rd3, %rd5;")
+
+    def _epilogue_predicates(self) -> None:
+        """%p1 ReLU, %p2 bias, %p3 residual, %p4 the thread stores (flags bits 0, 1, 2, OUTSIDE)."""
+        self.emit("and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
+                  "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
+                  "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;",
+                  f"and.b32 %r3, %r0, {OUTSIDE};", "setp.eq.s32 %p4, %r3, 0;")
 
     def _slice_function(self, index: int, part: int, group: Sequence[int], columns: Sequence[Column]) -> None:
         """Slice `part` of group `index` as a function of its own (ptxas allocates its registers on
@@ -253,10 +268,7 @@ class _Writer:
                 for other in range(1, self.slices):
                     self.emit(f"ld.shared.f32 %o0, [%r4+{self._partial_offset(other, a)}];",
                               f"add.f32 %a{a}, %a{a}, %o0;")
-        self.emit("and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
-                  "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
-                  "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;",
-                  f"and.b32 %r3, %r0, {OUTSIDE};", "setp.eq.s32 %p4, %r3, 0;")
+        self._epilogue_predicates()
         for t in range(self.tq):
             self.emit(f"mul.wide.s32 %rd6, %r2, {4 * t};")   # output column t of the run: t * sq elements
             for j, channel in enumerate(group):
@@ -268,23 +280,36 @@ class _Writer:
         thread's tq output columns reads ((tq - 1) * sw + S) to be live at once."""
         return max(_LOAD_REGISTERS, 2 * ((self.tq - 1) * self.spec.stride[1] + self.spec.S))
 
-    def _fmas(self, group: Sequence[int], columns: Sequence[Column]) -> None:
+    LOAD = "ld.global.nc.f32"   # one thread's input value(s) at one input position
+
+    def _tile_terms(self, group: Sequence[int], columns: Sequence[Column]) -> Iterator[Tuple[str, int, Column]]:
         """Per input row (c, r) of the slice's columns: each input column u a thread's tq output
-        columns read, loaded once, then for each (column, output column t) its FMAs: a value loaded
-        once feeds every tap s and output column t reading it (tq = 1: one load per column)."""
-        registers, n, sw, next_register = self._load_registers(), self.spec.N, self.spec.stride[1], 0
+        columns read, loaded once (emitted here), then (register, first accumulator slot, column)
+        for each (column, output column t): a value loaded once feeds every tap s and output
+        column t reading it (tq = 1: one load per column)."""
+        registers, n, sw, next_register = self._load_registers(), self.padded_n, self.spec.stride[1], 0
         for _, row, loads in tile_loads(columns, self.tq, sw):
-            base = row[0].offset - row[0].s * n   # the row's element offset at s = 0
+            base = self._packed_offset(row[0]) - row[0].s * n   # the row's element offset at s = 0
             held = {}
             for u in loads:
                 held[u] = f"%v{next_register % registers}"
                 next_register += 1
-                self.emit(f"ld.global.nc.f32 {held[u]}, [%rd0+{4 * (base + u * n)}];")
+                self.emit(f"{self.LOAD} {held[u]}, [%rd0+{self.ELEMENT_BYTES * (base + u * n)}];")
             for column in row:
                 for t in range(self.tq):
-                    register, first = held[t * sw + column.s], t * len(group)
-                    self.emit(*(f"fma.rn.f32 %a{first + j}, {register}, {f32_hex(value)}, %a{first + j};"
-                                for j, value in column.terms))
+                    yield held[t * sw + column.s], t * len(group), column
+
+    def _packed_offset(self, column: Column) -> int:
+        """`column`'s element offset in the packed input (C, Hp, Wp, padded_n)."""
+        spec, n = self.spec, self.padded_n
+        wp = spec.W + 2 * spec.padding[1]
+        return ((column.c * (spec.H + 2 * spec.padding[0]) + column.r) * wp + column.s) * n
+
+    def _fmas(self, group: Sequence[int], columns: Sequence[Column]) -> None:
+        """One exact fp32 FMA per non-zero and output column, the weight an immediate."""
+        for register, first, column in self._tile_terms(group, columns):
+            self.emit(*(f"fma.rn.f32 %a{first + j}, {register}, {f32_hex(value)}, %a{first + j};"
+                        for j, value in column.terms))
 
     def _partial_offset(self, part: int, slot: int) -> int:
         """Byte offset of slice `part`'s partial sum of accumulator `slot` from the thread's first one."""
@@ -317,6 +342,10 @@ class _HalfWriter(_Writer):
     pair holds a zero image that is computed and never stored), so one aligned 32-bit load is the
     f16x2 pair of both images' inputs."""
 
+    IMAGES_PER_THREAD = 2
+    ELEMENT_BYTES = 2
+    LOAD = "ld.global.nc.b32"   # the f16x2 pair of both images
+
     def __init__(self, weight: np.ndarray, spec: ConvSpec, groups: Sequence[Sequence[int]], threads: int,
                  arch: str = DEFAULT_ARCH, slices: int = 1, bk: int = 0, tq: int = 1, flush: int = HALF_FLUSH_TERMS):
         if slices != 1:
@@ -325,40 +354,17 @@ class _HalfWriter(_Writer):
             raise ValueError(f"flush must be a positive number of terms, got {flush}")
         super().__init__(weight, spec, groups, threads, arch, slices, bk, tq)
         self.flush = flush
-        self.padded_n = spec.N + spec.N % 2
 
     def _call_arguments(self) -> str:
         return "%rd4, %rd1, %rd6, %rd7, %r0, %r13, %r15, %r17"
 
     def _prologue(self) -> None:
-        """As `_Writer._prologue` over image pairs (m: pair fastest), with byte offsets of 2-byte
-        elements; %r17 the second image's offset from the first in the output (sn elements; 0 for
-        a pair whose second image is past N, which also sets flags bit PHANTOM)."""
-        spec, n, tq = self.spec, self.padded_n, self.tq
-        sh, sw = spec.stride
-        runs, pairs = spec.Q // tq, n // 2
-        positions = spec.P * runs * pairs
-        for index, name in enumerate(("x", "bias", "res", "y")):
-            self.emit(f"ld.param.u64 %rd{index}, [p_{name}];", f"cvta.to.global.u64 %rd{index}, %rd{index};")
-        self.emit("ld.param.u32 %r0, [p_flags];", "ld.param.u32 %r12, [p_sn];", "ld.param.u32 %r13, [p_sk];",
-                  "ld.param.u32 %r14, [p_sp];", "ld.param.u32 %r15, [p_sq];",
-                  "mov.u32 %r1, %ctaid.x;", "mov.u32 %r2, %tid.x;",
-                  f"mad.lo.s32 %r4, %r1, {self.threads}, %r2;",
-                  f"setp.ge.s32 %p0, %r4, {positions};", f"selp.b32 %r21, {OUTSIDE}, 0, %p0;",
-                  "or.b32 %r0, %r0, %r21;", f"min.s32 %r4, %r4, {positions - 1};",
-                  f"div.s32 %r5, %r4, {pairs};", f"mul.lo.s32 %r6, %r5, {pairs};", "sub.s32 %r6, %r4, %r6;",
-                  "add.s32 %r6, %r6, %r6;",   # n0: the pair's first image
-                  f"div.s32 %r7, %r5, {runs};", f"mul.lo.s32 %r8, %r7, {runs};", "sub.s32 %r8, %r5, %r8;",
-                  f"mul.lo.s32 %r8, %r8, {tq};",
-                  f"mul.lo.s32 %r9, %r7, {sh};", f"mul.lo.s32 %r10, %r8, {sw};",
-                  f"mul.lo.s32 %r11, %r9, {(spec.W + 2 * spec.padding[1]) * n};",
-                  f"mad.lo.s32 %r11, %r10, {n}, %r11;",
-                  "add.s32 %r11, %r11, %r6;",
-                  "mul.wide.s32 %rd4, %r11, 2;", "add.s64 %rd4, %rd0, %rd4;",
-                  "mul.lo.s32 %r16, %r6, %r12;", "mad.lo.s32 %r16, %r7, %r14, %r16;",
-                  "mad.lo.s32 %r16, %r8, %r15, %r16;",
-                  "mul.wide.s32 %rd5, %r16, 2;", "add.s64 %rd6, %rd2, %rd5;", "add.s64 %rd7, %rd3, %rd5;",
-                  "mov.u32 %r17, %r12;")
+        """`_Writer._prologue` over image pairs (m: pair fastest; byte offsets of 2-byte elements),
+        then %r17: the second image's offset from the first in the output (sn elements; 0 for a
+        pair whose second image is past N, which also sets flags bit PHANTOM)."""
+        super()._prologue()
+        spec = self.spec
+        self.emit("mov.u32 %r17, %r12;")
         if spec.N % 2:
             self.emit(f"setp.ge.s32 %p1, %r6, {spec.N - 1};", f"selp.b32 %r21, {PHANTOM}, 0, %p1;",
                       "or.b32 %r0, %r0, %r21;", "selp.b32 %r17, 0, %r12, %p1;")
@@ -377,11 +383,8 @@ class _HalfWriter(_Writer):
                   "ld.param.u32 %r2, [sq];", "ld.param.u32 %r4, [sn];", "mul.wide.s32 %rd8, %r4, 2;")
         self.emit(*(f"mov.f32 %a{a}, 0f00000000;" for a in range(2 * slots)))
         self._fmas(group, columns)
-        self.emit("and.b32 %r3, %r0, 1;", "setp.ne.s32 %p1, %r3, 0;",
-                  "and.b32 %r3, %r0, 2;", "setp.ne.s32 %p2, %r3, 0;",
-                  "and.b32 %r3, %r0, 4;", "setp.ne.s32 %p3, %r3, 0;",
-                  f"and.b32 %r3, %r0, {OUTSIDE};", "setp.eq.s32 %p4, %r3, 0;",
-                  f"and.b32 %r3, %r0, {OUTSIDE | PHANTOM};", "setp.eq.s32 %p5, %r3, 0;")
+        self._epilogue_predicates()
+        self.emit(f"and.b32 %r3, %r0, {OUTSIDE | PHANTOM};", "setp.eq.s32 %p5, %r3, 0;")   # second image stores
         for t in range(self.tq):
             self.emit(f"mul.wide.s32 %rd6, %r2, {2 * t};")   # output column t of the run: t * sq elements
             for j, channel in enumerate(group):
@@ -394,39 +397,23 @@ class _HalfWriter(_Writer):
         has no f16x2 immediates; ptxas folds the constant into the HFMA2). A slot's f16x2 partial
         %s starts with a `mul.rn.f16x2` and is flushed to its two fp32 accumulators after every
         `flush` terms and at the end."""
-        registers, n, sw = self._load_registers(), self.padded_n, self.spec.stride[1]
-        next_register = next_weight = 0
+        next_weight = 0
         pending = {}   # slot -> terms in its partial since its last flush
-        for _, row, loads in tile_loads(columns, self.tq, sw):
-            base = self._packed_offset(row[0]) - row[0].s * n
-            held = {}
-            for u in loads:
-                held[u] = f"%v{next_register % registers}"
-                next_register += 1
-                self.emit(f"ld.global.nc.b32 {held[u]}, [%rd0+{2 * (base + u * n)}];")
-            for column in row:
-                for t in range(self.tq):
-                    register, first = held[t * sw + column.s], t * len(group)
-                    for j, value in column.terms:
-                        slot, weight = first + j, f"%w{next_weight % _WEIGHT_REGISTERS}"
-                        next_weight += 1
-                        self.emit(f"mov.b32 {weight}, {half2_hex(value)};")
-                        if pending.get(slot, 0):
-                            self.emit(f"fma.rn.f16x2 %s{slot}, {register}, {weight}, %s{slot};")
-                        else:
-                            self.emit(f"mul.rn.f16x2 %s{slot}, {register}, {weight};")
-                        pending[slot] = pending.get(slot, 0) + 1
-                        if pending[slot] == self.flush:
-                            self._flush(slot)
-                            pending[slot] = 0
+        for register, first, column in self._tile_terms(group, columns):
+            for j, value in column.terms:
+                slot, weight = first + j, f"%w{next_weight % _WEIGHT_REGISTERS}"
+                next_weight += 1
+                self.emit(f"mov.b32 {weight}, {half2_hex(value)};")
+                if pending.get(slot, 0):
+                    self.emit(f"fma.rn.f16x2 %s{slot}, {register}, {weight}, %s{slot};")
+                else:
+                    self.emit(f"mul.rn.f16x2 %s{slot}, {register}, {weight};")
+                pending[slot] = pending.get(slot, 0) + 1
+                if pending[slot] == self.flush:
+                    self._flush(slot)
+                    pending[slot] = 0
         for slot in sorted(slot for slot, count in pending.items() if count):
             self._flush(slot)
-
-    def _packed_offset(self, column: Column) -> int:
-        """`column`'s element offset in the packed input (C, Hp, Wp, Npad)."""
-        spec, n = self.spec, self.padded_n
-        wp = spec.W + 2 * spec.padding[1]
-        return ((column.c * (spec.H + 2 * spec.padding[0]) + column.r) * wp + column.s) * n
 
     def _flush(self, slot: int) -> None:
         """Slot `slot`'s f16x2 partial added to its two fp32 accumulators (low half: image n0)."""
