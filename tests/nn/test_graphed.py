@@ -402,6 +402,17 @@ def test_graphs_under_torch_compile_tracing_run_the_plain_forward():
     assert steps.log == [] and not wrapper.counts
 
 
+def test_torch_compile_of_a_graphed_fx_graph_module_traces_its_forward():
+    # dynamo registers an fx.GraphModule's `forward.__code__` before tracing: the wrapper must have one
+    net = torch.fx.symbolic_trace(Net())
+    wrapper, steps = graphed(net)
+    assert wrapper.__code__ is type(net).forward.__code__
+    compiled = torch.compile(net, backend="eager", fullgraph=True)
+    x = x_of()
+    assert torch.allclose(compiled(x), wrapper.original_forward(x))
+    assert steps.log == [] and not wrapper.counts
+
+
 # ----------------------------------------------------------------------------- copies and serialisation
 
 def test_deepcopy_gives_the_copy_its_own_wrapper_without_graphs():
@@ -493,8 +504,10 @@ def test_a_new_shape_captures_a_new_graph_on_cuda():
 
 
 @pytest.mark.gpu
-def test_torch_compile_of_the_wrapped_module_matches_on_cuda():
+@pytest.mark.parametrize("fx_traced", [False, True], ids=["module", "fx"])
+def test_torch_compile_of_the_wrapped_module_matches_on_cuda(fx_traced):
     model = small_convnet().cuda()
+    model = torch.fx.symbolic_trace(model).eval() if fx_traced else model
     wrapper = enable_cuda_graphs(model)
     compiled = torch.compile(model)
     x = torch.randn(4, 3, 16, 16, device="cuda")

@@ -289,6 +289,13 @@ class CudaGraphForward:
     def num_graphs(self) -> int:
         return len(self._graphs)
 
+    @property
+    def __code__(self):
+        """The code object of the forward this wraps: `torch.compile` of an fx.GraphModule reads
+        `module.forward.__code__` before tracing (a plain object has none)."""
+        forward = self._instance_forward if self._instance_forward is not None else type(self.module).forward
+        return forward.__code__
+
     def original_forward(self, *args, **kwargs):
         """The module's forward as it was before `enable_cuda_graphs`."""
         if self._instance_forward is not None:
