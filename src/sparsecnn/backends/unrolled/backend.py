@@ -8,8 +8,9 @@ compiling while earlier layers were timed (`workers.WorkerPool`, at most
 $SPARSECNN_UNROLLED_WORKERS). A compile's ptxas time grows with the non-zeros (the kernel takes
 at most `unrolled.max_kernel_fmas()`), so `auto` tries one config per layer (`unrolled.auto_config`)
 and only on outputs of at most 28x28 (`_auto_configs`): larger feature maps were not measured to
-gain (a 56x56 1x1 layer ran slower than `direct` "batch"); in fp16 `auto` tries none (its kernels
-were never timed: they run where the backend is named, tuned over `HALF_CANDIDATES`). Runs go through the op
+gain (a 56x56 1x1 layer ran slower than `direct` "batch"); in fp16 `auto` tries none (timed no faster than
+the fp32 kernel and slower than cuDNN's tensor cores, RESULTS.md: they run where the backend is
+named, tuned over `HALF_CANDIDATES`). Runs go through the op
 `sparsecnn::unrolled_conv2d`, which takes the compiled kernel by a handle (see core/op_support.py) and fuses
 bias, residual and ReLU. Importing this module touches neither CUDA nor ptxas.
 """
@@ -115,7 +116,7 @@ def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
 def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     """[`auto_config(spec)`] on layers of at most AUTO_MAX_OUTPUT_PIXELS output pixels and at least
     AUTO_MIN_POSITIONS output positions (the kernel refuses weights of too many non-zeros at bind);
-    none in float16 (never measured: it runs where the backend is named)."""
+    none in float16 (slower than cuDNN's tensor cores where timed: it runs where the backend is named)."""
     if dtype == torch.float16:
         return []
     positions = spec.P * spec.Q * spec.N

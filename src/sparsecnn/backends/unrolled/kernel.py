@@ -64,7 +64,7 @@ _COMPILE_THREADS = 4   # ptxas processes per layer at once (layers compile in pa
 OUT_LAYOUTS = ("nchw", "batch_inner")
 BK_CHOICES = (32, 16, 8)
 SLICE_CHOICES = (1, 2, 4)
-TQ_CHOICES = (2, 4)   # output columns per thread of the register-tiled candidates (not yet in `auto_config`)
+TQ_CHOICES = (2, 4)   # output columns per thread of the register-tiled candidates (timed slower: not in `auto_config`)
 MAX_ACCUMULATORS = 128   # bk * tq per thread
 MAX_SHARED_BYTES = 48 * 1024   # static shared memory of a block (the partial sums of slices 1..)
 MIN_THREADS_PER_COLUMN = 85   # `auto_config`: threads per input column (C*R*S) a group walks
@@ -190,7 +190,7 @@ def auto_config(spec: ConvSpec, dtype: torch.dtype = torch.float32) -> UnrolledC
     K*P*Q apart; tuned layers of "batch" backends write batch-innermost (`tuning.layout`), so their
     candidates are timed that way (with NCHW-writing candidates no ResNet-50 layer2 layer chose
     unrolled).
-    float16 (not measured; the default when the backend is named without a config): the same rule
+    float16 (the default when the backend is named without a config; `auto` tries none): the same rule
     over pairs of images, one slice, bk 8 where no bk keeps enough threads."""
     if _is_half(dtype):
         threads = spec.P * spec.Q * -(-spec.N // 2)
