@@ -1,9 +1,11 @@
 """Worker of tests/prune/test_distributed.py: ADMM pruning of a small regression MLP with its own loss.
 
-Run as `python -m torch.distributed.run --standalone --nproc_per_node=2 ddp_prune.py OUT` (gloo,
-each rank training on half of every global batch of 32) or as `python ddp_prune.py OUT` (one
-process, whole batches). Each rank writes OUT/rank<r>.pt: {"masks", "state_dict", "loss"}.
+Run as `python -m torch.distributed.run --standalone --nproc_per_node=2 ddp_prune.py OUT [cuda]`
+(each rank training on half of every global batch of 32: gloo on the CPU, NCCL with `cuda`, rank r
+on GPU r) or as `python ddp_prune.py OUT [cuda]` (one process, whole batches). Each rank writes
+OUT/rank<r>.pt: {"masks", "state_dict", "loss"}, tensors on the CPU.
 """
+import os
 import sys
 from pathlib import Path
 
@@ -31,16 +33,20 @@ def huber_loss(model, batch):
     return torch.nn.functional.smooth_l1_loss(model(x), y)
 
 
-def main(out: Path) -> None:
-    init_from_env(torch.device("cpu"))
+def main(out: Path, device: torch.device) -> None:
+    init_from_env(device)
     model, x, y = regression_problem()
+    model, x, y = model.to(device), x.to(device), y.to(device)
     batches = shard_for_this_rank(Batches(x, y, 32, shuffle=True, seed=0))
     masks = admm_prune_(model, batches, {"0": 0.7, "2": 0.7}, admm_epochs=3, finetune_epochs=2, lr=0.05,
                         finetune_lr=0.05, loss=huber_loss, train=TrainConfig())
     loss = huber_loss(model, (x, y)).item()
-    torch.save({"masks": masks, "state_dict": model.state_dict(), "loss": loss}, out / f"rank{rank()}.pt")
+    torch.save({"masks": {name: mask.cpu() for name, mask in masks.items()},
+                "state_dict": {key: value.cpu() for key, value in model.state_dict().items()}, "loss": loss},
+               out / f"rank{rank()}.pt")
     close()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    on_gpu = sys.argv[2:] == ["cuda"]
+    main(Path(sys.argv[1]), torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_gpu else torch.device("cpu"))

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.common import GPU_SKIP
+
 from sparsecnn.prune.distributed import (
     ShardedBatches,
     broadcast_object,
@@ -21,11 +23,12 @@ WORKER = Path(__file__).resolve().parents[1] / "helpers" / "ddp_prune.py"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(command, out: Path):
+def _run(command, out: Path, *args: str):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    done = subprocess.run(command + [str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command + [str(WORKER), str(out), *args], env=env, capture_output=True, text=True,
+                          timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -48,6 +51,29 @@ def test_torchrun_gloo_ranks_share_masks_and_match_one_process_with_the_same_glo
         assert torch.equal(value, ranks[1]["state_dict"][key])
         torch.testing.assert_close(value, single["state_dict"][key], atol=1e-5, rtol=0)
     assert ranks[0]["loss"] == ranks[1]["loss"] == pytest.approx(single["loss"], abs=1e-5)
+
+
+@pytest.mark.gpu
+def test_torchrun_nccl_on_two_gpus_shares_masks_and_matches_one_gpu_process(tmp_path):
+    """The same ADMM run as above on two GPUs through NCCL (rank r on GPU r) against one process on
+    GPU 0: identical masks on both ranks and against one process, weights within 1e-4 (GPU
+    reductions add in another order than the CPU's)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"{GPU_SKIP}: two of them (NCCL across GPUs), this machine has {torch.cuda.device_count()}")
+    (tmp_path / "ddp").mkdir()
+    (tmp_path / "single").mkdir()
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"], tmp_path / "ddp",
+         "cuda")
+    _run([sys.executable], tmp_path / "single", "cuda")
+    ranks = [torch.load(tmp_path / "ddp" / f"rank{r}.pt") for r in (0, 1)]
+    single = torch.load(tmp_path / "single" / "rank0.pt")
+    for name, mask in ranks[0]["masks"].items():
+        assert torch.equal(mask, ranks[1]["masks"][name]) and torch.equal(mask, single["masks"][name])
+        assert mask.sum().item() == round(0.3 * mask.numel())
+    for key, value in ranks[0]["state_dict"].items():
+        assert torch.equal(value, ranks[1]["state_dict"][key])
+        torch.testing.assert_close(value, single["state_dict"][key], atol=1e-4, rtol=0)
+    assert ranks[0]["loss"] == ranks[1]["loss"] == pytest.approx(single["loss"], abs=1e-4)
 
 
 def test_sharded_batches_cut_every_batch_into_the_ranks_parts():
