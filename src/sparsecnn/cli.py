@@ -127,6 +127,7 @@ def _cmd_prune(args) -> None:
     if checkpoint is not None and args.from_checkpoint:
         raise ValueError("MODEL is a checkpoint already; leave out --from")
     get_method(args.method)
+    _tile_option(args)
     _quantizer(args.quantize)
     device = _device(args)
     if device == "cuda":
@@ -141,6 +142,20 @@ def _cmd_prune(args) -> None:
             layer_sparsities)
     finally:
         close()
+
+
+def _tile_option(args) -> dict:
+    """The method options `--tile` gives: {"tile": 16 | 32 | 64 | "auto"} for reprune-tiles, else {}
+    (ValueError for a bad value or for --tile with another method)."""
+    if args.tile is None:
+        return {}
+    if args.method != "reprune-tiles":
+        raise ValueError(f"--tile applies to --method reprune-tiles only, got --method {args.method}")
+    from sparsecnn.prune.tiles import TILE_SIZES
+
+    if args.tile != "auto" and args.tile not in {str(size) for size in TILE_SIZES}:
+        raise ValueError(f"--tile must be one of {', '.join(map(str, TILE_SIZES))} or auto, got {args.tile!r}")
+    return {"tile": args.tile if args.tile == "auto" else int(args.tile)}
 
 
 def _start_model(name: str, num_classes: int, checkpoint, device: str):
@@ -176,6 +191,7 @@ def _prune_digits(args, source, name, checkpoint, device, base, layer_sparsities
         train_dense_(model, split, args.epochs, seed=args.seed, batch_size=args.batch_size, progress=True, train=base)
     start_top1 = _remembered(base, "start_top1", lambda: top1_accuracy(model, split))
     options = {} if args.finetune_epochs is None else {"epochs": args.finetune_epochs}
+    options.update(_tile_option(args))
     masks = prune_with(args.method, model, split, args.sparsity, seed=args.seed, progress=True,
                        batch_size=args.batch_size, train=base, **options)
     _finish(args, name, model, masks, checkpoint, start_top1, lambda m: top1_accuracy(m, split), split.train_x[:256])
@@ -362,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "torchvision:NAME (needs torchvision)")
     prune.add_argument("--method", default="magnitude", help="registered pruning method (sparsecnn.prune.method_names)")
     prune.add_argument("--sparsity", type=float, default=0.9, help="fraction of zero weights in the pruned layers")
+    prune.add_argument("--tile", default=None,
+                       help="reprune-tiles: output channels per tile sharing their kept columns, 16, 32, 64 or "
+                            "auto (per layer; default 32)")
     prune.add_argument("--data", default="digits",
                        help="digits, imagefolder:PATH (PATH/<class>/<image>, or PATH/train + PATH/val) or "
                             "cifar10:PATH (torchvision's CIFAR-10 python format)")

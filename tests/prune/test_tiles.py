@@ -15,12 +15,14 @@ from sparsecnn.models import build_model
 from sparsecnn.prune import (
     TileDecomposition,
     TileParams,
+    load_pruned,
     magnitude_mask,
     method_names,
     prune_with,
     reprune_tiles,
     reprune_tiles_,
 )
+from sparsecnn.cli import main
 from sparsecnn.prune.methods import top1_accuracy, train_dense_
 
 
@@ -277,3 +279,15 @@ def test_registered_method_runs_on_lenet5_digits_with_exact_sparsity():
         assert rows.shape[0] == channels
         assert len({tuple(row) for row in rows}) <= -(-channels // 16) + 1  # one tile may be split once
     assert top1_accuracy(model, split) > 50
+
+
+def test_cli_reprune_tiles_takes_the_tile_size(tmp_path):
+    output = tmp_path / "tiles.pt"
+    assert main(["prune", "lenet5", "--method", "reprune-tiles", "--tile", "16", "--sparsity", "0.9", "--epochs", "1",
+                 "--finetune-epochs", "1", "--device", "cpu", "-o", str(output)]) == 0
+    model, masks, report = load_pruned(output)
+    assert report["method"] == "reprune-tiles"
+    for name, channels in (("conv1", 20), ("conv2", 50)):  # tiles of 16 rows share their columns
+        rows = _matrix(masks[name])
+        assert len({tuple(row) for row in rows}) <= -(-channels // 16) + 1
+        assert masks[name].sum().item() == round(0.1 * masks[name].numel())
