@@ -91,6 +91,20 @@ def test_a_state_file_of_another_run_is_refused(tmp_path):
         TrainConfig(state=str(path))
 
 
+def test_a_phase_begun_with_other_settings_is_refused_naming_each_difference(tmp_path):
+    model, _, _ = regression_problem()
+    path = tmp_path / "run.state"
+    first = RunState(path)
+    phase = first.begin("search", {"size": 3, "rate": 0.5, "layers": {"0": 0.7}})
+    first.save(phase, 1, False, 0, float("nan"), {"model": model}, None, torch.device("cpu"))
+    with pytest.raises(ValueError) as refused:
+        RunState(path).begin("search", {"size": 4, "rate": 0.5, "layers": {"0": 0.8}, "extra": True})
+    assert str(refused.value) == (f"run state {path}: phase 0 ('search') ran with extra=unset there but True here, "
+                                  f"layers={{'0': 0.7}} there but {{'0': 0.8}} here, size=3 there but 4 here; "
+                                  f"delete the file or use another path")
+    assert RunState(path).begin("search", {"layers": {"0": 0.7}, "rate": 0.5, "size": 3}) == phase
+
+
 def test_a_value_computed_between_phases_is_the_first_runs_after_a_resume(tmp_path):
     """The accuracy before pruning is measured after dense training; a resumed run skips that
     finished phase (the model keeps its initial weights), so it must get the first run's value."""

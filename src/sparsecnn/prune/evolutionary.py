@@ -238,14 +238,18 @@ def evolutionary_prune_(model: nn.Module, split, sparsity: SparsityTarget, *, se
     `epochs` (the method registry's option) sets the final fine-tuning length; each iteration
     retrains `retrain_epochs`. `batch_size` and other keywords are fields of `EvolutionSettings`.
     `train`: settings of every retraining besides epochs, lr and seed (momentum, weight decay,
-    precision); a run state is refused, the search itself is not checkpointed. In a distributed run
-    rank 0 measures the accuracies and chooses the masks, broadcast to every rank.
+    precision, run state). With a run state (`train.state`, a `resume.RunState`) the search is one
+    phase of the run, recorded after every generation (the model, masks, training batches' order,
+    kept counts, steps, ranked list, rewind point, mean gradients and the search's random
+    generator), and the final retraining one more, recorded after every epoch: a killed run
+    started again with the same arguments and a `RunState` on the same file goes on from the next
+    generation or epoch and ends with the masks and weights of an uninterrupted one. A file from a
+    search with other settings, sparsity, seed, momentum, weight decay or precision is refused
+    (ValueError naming them). In a distributed run rank 0 measures the accuracies, chooses the
+    masks, broadcast to every rank, and writes the run state.
     Returns {module path: bool mask}.
     """
     train = TrainConfig() if train is None else train
-    if train.state is not None:
-        raise ValueError("evolutionary_prune_: train.state (a RunState) is not supported, the search is not "
-                         "checkpointed; run without one")
     if epochs is not None:
         settings["final_epochs"] = epochs
     config = EvolutionSettings(population=population, generations=generations, alpha=alpha,
@@ -260,13 +264,19 @@ def evolutionary_prune_(model: nn.Module, split, sparsity: SparsityTarget, *, se
 
 
 class _Search:
-    """State of one Algorithm 2 run: current masks and kept counts, steps, ranked list."""
+    """State of one Algorithm 2 run: current masks and kept counts, steps, ranked list, generations
+    done; with a run state (`train.state`), recorded after every generation."""
 
     def __init__(self, model: nn.Module, split, sparsity: SparsityTarget, config: EvolutionSettings, seed: int,
                  train: TrainConfig):
-        self.model, self.config, self.seed, self.train_config = model, config, seed, train
+        self.model, self.config, self.seed = model, config, seed
+        self.run_state, self.recorded_settings = train.state, _recorded_settings(config, sparsity, seed, train)
+        # The search records itself once per generation as one phase; a run state handed on to its
+        # retraining rounds would make each a phase of its own, as many as the search happens to run.
+        self.train_config = train.replace(state=None)
         self.rng = random.Random(seed)
-        self.train, self.validation = _train_validation(split, next(model.parameters()).device, config, seed)
+        self.device = next(model.parameters()).device
+        self.train, self.validation = _train_validation(split, self.device, config, seed)
         self.layers = layers_under_pruning(model, sparsity, config)
         self.modules = dict(model.named_modules())
         floor = sum(layer.min_keep for layer in self.layers)
@@ -285,25 +295,86 @@ class _Search:
         self.step_bounds = (first_step / 10.0, 2.0 * first_step)
         self.steps = {layer.name: first_step for layer in self.layers}
         self.changed: List[str] = []
-        self.accuracy = broadcast_object(accuracy(model, self.validation))
-        self.ranked = [Solution(self.accuracy, dict(self.keep), _clone(self.masks))]
-        self.rewind_point = copy.deepcopy(model.state_dict())
+        self.generation = 0
+        self.accuracy = math.nan
+        self.ranked: List[Solution] = []
+        self.rewind_point: Dict[str, torch.Tensor] = {}
         self.mean_gradients: Dict[str, torch.Tensor] = {}
 
     def reached(self) -> bool:
         return sum(self.keep.values()) <= self.target_keep
 
     def run(self, progress: bool) -> None:
+        """The whole search, or with a run state its rest: nothing when the file records it as
+        finished before a later phase (which loads the weights and masks), else from the
+        generation after the last one recorded."""
+        state = self.run_state
+        phase = None if state is None else state.begin("evolutionary search", self.recorded_settings)
+        resumed = None if phase is None else state.resume(phase, self._parts(), self.masks)
+        if resumed is None:
+            self._start()
+        elif math.isinf(resumed["epoch"]):
+            return
+        self._evolve(phase, progress)
+
+    def _start(self) -> None:
+        """The given model with dense masks is the first ranked solution and rewind point."""
+        self.accuracy = broadcast_object(accuracy(self.model, self.validation))
+        self.ranked = [Solution(self.accuracy, dict(self.keep), _clone(self.masks))]
+        self.rewind_point = copy.deepcopy(self.model.state_dict())
+
+    def _evolve(self, phase: Optional[int], progress: bool) -> None:
+        """Generations from `self.generation` on until the target is reached, then the last step to
+        it if they ran out. That step always reaches the target (`fit_keep_counts`), so a search
+        resumed after it has nothing left to do but record itself again."""
         from tqdm.auto import tqdm
 
-        bar = tqdm(range(self.config.generations), desc="evolutionary pruning", disable=not progress, leave=False)
+        bar = tqdm(range(self.generation, self.config.generations), desc="evolutionary pruning",
+                   disable=not progress, leave=False, initial=self.generation, total=self.config.generations)
         for iteration in bar:
             if self.reached():
                 break
             self._iterate(iteration)
+            self.generation = iteration + 1
+            self._save(phase, finished=False)
             bar.set_postfix(accuracy=f"{self.accuracy:.1f}", kept=sum(self.keep.values()))
         if not self.reached():
             self._finish()
+        self._save(phase, finished=True)
+
+    def _parts(self) -> dict:
+        """What the run state saves and restores: the training batches carry their shuffling order."""
+        return {"model": self.model, "batches": self.train, "search": self}
+
+    def _save(self, phase: Optional[int], finished: bool) -> None:
+        if phase is not None:
+            # The run state's epochs count the generations done; the search has no steps or loss of its own.
+            self.run_state.save(phase, self.generation, finished, 0, math.nan, self._parts(), self.masks,
+                                self.device)
+
+    def state_dict(self) -> dict:
+        """The search after a generation, beside the model, masks and batches in the run state:
+        {"generation": generations done, "keep": {module path: kept count}, "steps": {module path:
+        sparsity step, a fraction}, "changed": [module path], "accuracy": validation top-1 in
+        percent, "ranked": [{"accuracy", "keep", "masks": {module path: bool tensor shaped like the
+        weight}}], "rewind_point": the model's state dict to rewind to, "mean_gradients": {module
+        path: float32 tensor shaped like the weight}, "rng": the `random.Random` state (a tuple)}."""
+        return {"generation": self.generation, "keep": dict(self.keep), "steps": dict(self.steps),
+                "changed": list(self.changed), "accuracy": self.accuracy,
+                "ranked": [{"accuracy": solution.accuracy, "keep": dict(solution.keep), "masks": solution.masks}
+                           for solution in self.ranked],
+                "rewind_point": self.rewind_point, "mean_gradients": self.mean_gradients, "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a `state_dict()`, its tensors moved to the model's device."""
+        self.generation = int(state["generation"])
+        self.keep, self.steps = dict(state["keep"]), dict(state["steps"])
+        self.changed, self.accuracy = list(state["changed"]), float(state["accuracy"])
+        self.ranked = [Solution(float(entry["accuracy"]), dict(entry["keep"]), _on(entry["masks"], self.device))
+                       for entry in state["ranked"]]
+        self.rewind_point = _on(state["rewind_point"], self.device)
+        self.mean_gradients = _on(state["mean_gradients"], self.device)
+        self.rng.setstate(state["rng"])
 
     def _iterate(self, iteration: int) -> None:
         self._retrain(iteration)
@@ -339,7 +410,7 @@ class _Search:
 
         train_epochs(self.model, self.train, self.train_config.phase(self.config.retrain_epochs, self.config.lr,
                                                                      self.seed + iteration, False),
-                     masks=self.masks, step_hook=record)
+                     masks=self.masks, step_hook=record, description="evolutionary retraining")
         self.mean_gradients = {name: total / max(steps[0], 1) for name, total in sums.items()}
 
     def _sample_layers(self) -> List[str]:
@@ -392,5 +463,19 @@ def _train_validation(split, device: torch.device, config: EvolutionSettings, se
             Batches(x[validation], y[validation], 512))
 
 
+def _recorded_settings(config: EvolutionSettings, sparsity: SparsityTarget, seed: int, train: TrainConfig) -> dict:
+    """What the search's recorded state depends on besides the model and data, for
+    `RunState.begin`: every field of `config`, the sparsity target, seed and the retraining's
+    momentum, weight decay and precision."""
+    target = ({str(name): float(value) for name, value in sparsity.items()} if isinstance(sparsity, Mapping)
+              else float(sparsity))
+    return dict(dataclasses.asdict(config), sparsity=target, seed=int(seed), momentum=train.momentum,
+                weight_decay=train.weight_decay, precision=train.precision)
+
+
 def _clone(masks: Masks) -> Masks:
     return {name: mask.clone() for name, mask in masks.items()}
+
+
+def _on(tensors: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
+    return {name: tensor.to(device) for name, tensor in tensors.items()}

@@ -6,12 +6,15 @@ A run is a sequence of training phases (`train_epochs` calls: dense training, AD
 `os.replace`), the phase's number and description, epochs and steps done, the model's state dict,
 the masks, the optimiser, learning-rate schedule and gradient scaler states, the batches' own
 state where they have `state_dict()` (`data.Batches`, torchdata's StatefulDataLoader), the extra
-state of the method (ADMM's Z, U and rho) and torch's random generators.
+state of the method (ADMM's Z, U and rho) and torch's random generators. The evolutionary search
+is one phase whose state is recorded after every generation instead of every epoch
+(`evolutionary.evolutionary_prune_`).
 
 Run again with the same code and a `RunState` on the same file, each phase the file records as
 finished returns at once (the last one loads its weights and masks), and the phase in progress
 loads everything and goes on from the next epoch: the resumed run ends with the weights and masks
-of an uninterrupted one. A file written by a run whose phases differ is refused.
+of an uninterrupted one. A file written by a run whose phases, or the settings a phase records
+with `begin`, differ is refused.
 
 The file is read with `torch.load(weights_only=True)`: tensors, numbers, strings and containers.
 """
@@ -45,16 +48,28 @@ class RunState:
         self._descriptions: Dict[int, str] = dict(self._saved["descriptions"]) if self._saved else {}
         self._finished: Dict[int, float] = dict(self._saved["finished"]) if self._saved else {}
         self._values: Dict[str, Any] = dict(self._saved.get("values", {})) if self._saved else {}
+        self._settings: Dict[int, dict] = dict(self._saved.get("settings", {})) if self._saved else {}
 
-    def begin(self, description: str) -> int:
+    def begin(self, description: str, settings: Optional[Dict[str, Any]] = None) -> int:
         """Number the next phase of the run; ValueError when the file's phase of that number has
-        another description (the file belongs to a different run)."""
+        another description or other `settings` (the file belongs to a different run).
+
+        settings: {name: value} the phase's saved state depends on beyond what its description
+        says (numbers, strings, bools, None, and lists, tuples and dicts of them); the error names
+        every one that differs from the file's."""
         phase, self._next_phase = self._next_phase, self._next_phase + 1
         recorded = self._descriptions.get(phase)
         if recorded is not None and recorded != description:
             raise ValueError(f"run state {self.path}: phase {phase} is {recorded!r} there but {description!r} "
                              f"in this run; delete the file or use another path")
+        settings = dict(settings or {})
+        # A phase the file does not hold, or a file from before settings were recorded, has none to compare.
+        differing = _differing(self._settings.get(phase, settings), settings)
+        if differing:
+            raise ValueError(f"run state {self.path}: phase {phase} ({description!r}) ran with {differing}; delete "
+                             f"the file or use another path")
         self._descriptions[phase] = description
+        self._settings[phase] = settings
         return phase
 
     def remember(self, key: str, compute: Callable[[], Any]) -> Any:
@@ -101,7 +116,7 @@ class RunState:
             payload = {
                 "format": FORMAT, "version": VERSION, "phase": phase, "epoch": epoch, "step": step,
                 "loss": loss, "descriptions": dict(self._descriptions), "finished": dict(self._finished),
-                "values": dict(self._values),
+                "values": dict(self._values), "settings": dict(self._settings),
                 "parts": {name: part.state_dict() for name, part in parts.items() if part is not None},
                 "masks": {name: mask.detach().to("cpu", torch.bool) for name, mask in (masks or {}).items()},
                 "rng": rng,
@@ -120,6 +135,19 @@ def atomic_save(payload: Any, path: str | os.PathLike) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _differing(recorded: Dict[str, Any], settings: Dict[str, Any]) -> str:
+    """Each name whose value differs, as "a=1 there but 2 here" ("unset" where one side lacks
+    it), joined by ", "; "" when none does."""
+    unset = object()
+    parts = []
+    for name in sorted(set(recorded) | set(settings)):
+        there, here = recorded.get(name, unset), settings.get(name, unset)
+        if there != here:
+            parts.append(f"{name}={'unset' if there is unset else repr(there)} there but "
+                         f"{'unset' if here is unset else repr(here)} here")
+    return ", ".join(parts)
 
 
 def _read(path: Path) -> dict:
