@@ -1,4 +1,5 @@
-"""Fixtures every test gets: a throwaway tuning cache, a seeded RNG, the `gpu` marker's skip
+"""Fixtures every test gets: a throwaway tuning cache, a seeded RNG, no blocks left provided to
+backend `blocks` by an earlier test, the `gpu` marker's skip
 without a GPU, and the `requires` marker (`helpers.common.needs`: skipped locally, failed in CI
 when the machine lacks a tool, package or data set). The summary counts the skips by kind; with
 CI=true a skip that is neither GPU-only nor of an optional extra fails the run. Helpers shared by
@@ -74,6 +75,15 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _forget_provided_blocks():
+    """Blocks a re-pruning handed to backend `blocks` stay with the test that made them."""
+    yield
+    from sparsecnn.backends.blocks.extraction import clear_provided_blocks
+
+    clear_provided_blocks()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers.common import ROOT, sparse_weight
 
+from sparsecnn.backends.blocks.extraction import clear_provided_blocks, extraction, provided_blocks
 from sparsecnn.backends.blocks.format import BlockParams, extract_blocks
 from sparsecnn.data import Batches, load_digits_split
 from sparsecnn.data.digits import DigitsSplit
@@ -201,6 +202,13 @@ def test_reprune_lenet5_then_retrain_keeps_masks(small_digits):
         assert not (getattr(model, name).weight[~retrain_masks[name]]).any()
     # Zeros inside dense blocks are trainable: re-training fills them in.
     assert int(torch.count_nonzero(model.conv2.weight)) > report["conv2"]["nnz_after"]
+    # The re-pruned blocks, not a new extraction of the re-trained weight, reach backend blocks.
+    kept = extraction(model.conv2.weight.detach(), 4)
+    assert kept.report.partitioner == "given" and len(kept.blocks) == report["conv2"]["num_blocks"]
+    assert provided_blocks(retrain_masks["conv2"]) == tuple((tuple(block.rows.tolist()), tuple(block.cols.tolist()))
+                                                            for block in kept.blocks)
+    clear_provided_blocks()
+    assert extraction(model.conv2.weight.detach(), 4).report.partitioner != "given"
 
 
 def test_registered_reprune_method_returns_masks_the_weights_respect(small_digits):

@@ -22,6 +22,7 @@ from sparsecnn.prune import (
     reprune_tiles,
     reprune_tiles_,
 )
+from sparsecnn.backends.blocks.extraction import clear_provided_blocks, extraction, provided_blocks
 from sparsecnn.cli import main
 from sparsecnn.prune.methods import top1_accuracy, train_dense_
 
@@ -257,6 +258,8 @@ def test_reprune_tiles_model_touches_only_plain_convs():
     assert new_masks["0"].sum() == masks["0"].sum()
     assert torch.equal(new_masks["0"], decompositions["0"].mask)
     assert not model[0].weight[~new_masks["0"]].any()
+    assert provided_blocks(new_masks["0"]) == decompositions["0"].blocks  # handed to backend blocks
+    assert extraction(model[0].weight.detach(), 8).report.partitioner == "given"
     with pytest.raises(KeyError, match="nope"):
         reprune_tiles_(model, {"nope": masks["0"]}, TileParams())
 
@@ -285,8 +288,14 @@ def test_cli_reprune_tiles_takes_the_tile_size(tmp_path):
     output = tmp_path / "tiles.pt"
     assert main(["prune", "lenet5", "--method", "reprune-tiles", "--tile", "16", "--sparsity", "0.9", "--epochs", "1",
                  "--finetune-epochs", "1", "--device", "cpu", "-o", str(output)]) == 0
+    clear_provided_blocks()
     model, masks, report = load_pruned(output)
     assert report["method"] == "reprune-tiles"
+    for name in ("conv1", "conv2"):  # the checkpoint's tiles reach backend blocks again
+        blocks = provided_blocks(masks[name])
+        assert blocks is not None and all(len(rows) <= 16 for rows, _ in blocks)
+        decomposition = extraction(model.get_submodule(name).weight.detach(), 8)
+        assert decomposition.report.partitioner == "given" and len(decomposition.blocks) == len(blocks)
     for name, channels in (("conv1", 20), ("conv2", 50)):  # tiles of 16 rows share their columns
         rows = _matrix(masks[name])
         assert len({tuple(row) for row in rows}) <= -(-channels // 16) + 1

@@ -1,12 +1,16 @@
 """Pruned-model checkpoints: weights, masks and a report in one file that loads without unpickling code.
 
 The file is `torch.save` of a plain dict {"format", "version", "model_name", "state_dict", "masks",
-"report"} holding only tensors, strings, numbers, lists and dicts, and it is read back with
+"report", "blocks"} holding only tensors, strings, numbers, lists and dicts, and it is read back with
 `torch.load(weights_only=True)`, which refuses any other pickled object. To run a loaded model
 sparsely:
 
     model, masks, report = load_pruned("lenet5-admm.pt")
     sparsecnn.sparsify_(model, x, backend="auto", masks=masks)   # masks of non-conv layers are ignored
+
+"blocks": {module path: [[rows, cols], ...]}, the dense blocks a re-pruning chose for a layer's
+mask (`backends.blocks.extraction.provide_blocks`, e.g. `reprune-tiles`' tiles); loading hands them
+to backend `blocks` again, so `sparsify_` and artefacts run them as they are.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from sparsecnn.backends.blocks.extraction import provide_blocks, provided_blocks
 from sparsecnn.models import build_model
 from sparsecnn.prune.distributed import is_main
 from sparsecnn.prune.magnitude import Masks
@@ -55,7 +60,16 @@ def save_pruned(path: PathLike, model_name: str, model: nn.Module, masks: Masks,
         "state_dict": {key: value.detach().cpu() for key, value in model.state_dict().items()},
         "masks": {name: mask.detach().to("cpu", torch.bool) for name, mask in masks.items()},
         "report": report,
+        "blocks": _provided(masks),
     }, path)
+
+
+def _provided(masks: Masks) -> dict:
+    """{module path: [[rows, cols], ...]} of the masks with provided blocks."""
+    found = {name: provided_blocks(mask.detach().to("cpu", torch.bool)) for name, mask in masks.items()
+             if mask.dim() == 4}
+    return {name: [[list(rows), list(cols)] for rows, cols in blocks] for name, blocks in found.items()
+            if blocks is not None}
 
 
 def pruned_model_name(path: PathLike) -> str:
@@ -82,7 +96,8 @@ def load_pruned(path: PathLike, model: Optional[nn.Module] = None) -> Tuple[nn.M
 
     model: loaded into in place when given (its device is kept and the masks are moved there);
     otherwise `build_model(model_name)` on CPU. The masks are re-applied, so every weight outside
-    its mask is exactly zero. Raises ValueError for a file that is not such a checkpoint or that holds
+    its mask is exactly zero, and the file's dense blocks are handed to backend `blocks`
+    (`provide_blocks`). Raises ValueError for a file that is not such a checkpoint or that holds
     pickled objects other than tensors and plain containers.
     """
     payload = _read(path)
@@ -96,4 +111,6 @@ def load_pruned(path: PathLike, model: Optional[nn.Module] = None) -> Tuple[nn.M
     device = next(model.parameters()).device
     masks = {name: mask.to(device) for name, mask in payload["masks"].items()}
     apply_masks_(model, masks)
+    for name, blocks in payload.get("blocks", {}).items():
+        provide_blocks(payload["masks"][name], blocks)
     return model, masks, payload["report"]

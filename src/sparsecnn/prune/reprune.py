@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from sparsecnn.backends.blocks.extraction import provide_blocks
 from sparsecnn.backends.blocks.format import (
     BlockDecomposition,
     BlockParams,
@@ -386,7 +387,9 @@ def reprune_(model: nn.Module, masks: Masks, b3: float, params: Optional[BlockPa
     """Re-prune, in place, every Conv1d/Conv2d of `model` that `masks` names (paper 000, Sec. 5).
 
     Each layer is reorganised by Algorithm 1 (`extract_blocks(weight, params)`), re-pruned with
-    `reprune_layer` and its removed weights zeroed. Other masked layers (Linear) are left alone.
+    `reprune_layer` and its removed weights zeroed; the re-pruned blocks of each Conv2d are handed to
+    backend `blocks` with its re-training mask (`provide_blocks`), which then runs them as they are
+    instead of extracting the re-trained weight again. Other masked layers (Linear) are left alone.
     Returns (masks of the kept non-zeros, re-training masks (those plus all dense-block cells),
     {layer: stats of `reprune_layer` plus the Algorithm 1 report's num_blocks and fill}).
     """
@@ -404,6 +407,9 @@ def reprune_(model: nn.Module, masks: Masks, b3: float, params: Optional[BlockPa
         module.weight.mul_(result.mask)
         new_masks[name] = result.mask.to(mask.device)
         retrain_masks[name] = result.retrain_mask.to(mask.device)
+        if result.retrain_mask.dim() == 4:
+            provide_blocks(result.retrain_mask.cpu(), [(block.rows.tolist(), block.cols.tolist())
+                                                       for block in result.decomposition.blocks])
         report[name] = dict(result.stats, num_blocks=result.decomposition.report.num_blocks,
                             fill=result.decomposition.report.fill)
     return new_masks, retrain_masks, report

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from sparsecnn.backends.blocks.extraction import provide_blocks
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.distributed import broadcast_tensors_
 from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
@@ -113,6 +114,11 @@ class TileDecomposition:
     @property
     def kept(self) -> int:
         return sum(group.cells for group in self.groups) + len(self.remainder)
+
+    @property
+    def blocks(self) -> Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], ...]:
+        """(rows, cols) of each tile group: the dense blocks backend `blocks` runs as they are."""
+        return tuple((group.rows, group.cols) for group in self.groups)
 
     @property
     def sparsity(self) -> float:
@@ -284,7 +290,9 @@ def reprune_tiles_(model: nn.Module, masks: Masks,
                    params: TileParams) -> Tuple[Masks, Dict[str, TileDecomposition]]:
     """Re-prune into tiles, in place, every Conv1d/Conv2d with groups == 1 that `masks` names; its
     weights outside the new mask are zeroed. Other masked layers (Linear, grouped convs) keep their
-    masks. Returns (masks, {layer: TileDecomposition})."""
+    masks. The tiles of each Conv2d are handed to backend `blocks` (`provide_blocks`), which then
+    runs that layer's tiles as its dense blocks instead of extracting its own. Returns (masks,
+    {layer: TileDecomposition})."""
     modules = dict(model.named_modules())
     new_masks, decompositions = {}, {}
     for name, mask in masks.items():
@@ -296,6 +304,8 @@ def reprune_tiles_(model: nn.Module, masks: Masks,
             continue
         decomposition = reprune_tiles(module.weight, mask.to(torch.bool), params)
         module.weight.mul_(decomposition.mask.to(module.weight.device))
+        if decomposition.mask.dim() == 4:
+            provide_blocks(decomposition.mask, decomposition.blocks)
         new_masks[name] = decomposition.mask.to(mask.device)
         decompositions[name] = decomposition
     return new_masks, decompositions

@@ -6,6 +6,12 @@ backend `blocks`' `prefetch` hands it to worker processes ahead of tuning (`subm
 `extraction` takes a submitted result when there is one (kept until taken or
 `clear_extractions`), else extracts in-process (kept in a small LRU: a layer's t2 values repeat
 across its configs). Results are the same either way: Algorithm 1 is deterministic.
+
+Blocks a re-pruning chose (`prune.tiles`, `prune.reprune`) are used as they are: `provide_blocks`
+records them with the layer's mask, and `extraction` of a weight whose non-zeros all lie inside
+that mask (the re-trained weight, BatchNorm-folded or cast to another dtype; of several such
+masks the smallest) returns them (`format.given_decomposition`, the same blocks for every t2)
+instead of running Algorithm 1.
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import hashlib
 import logging
 import pickle
 from collections import OrderedDict
-from typing import Iterable, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -22,6 +28,7 @@ from sparsecnn.backends.blocks.format import (
     BlockDecomposition,
     BlockParams,
     extract_blocks,
+    given_decomposition,
 )
 from sparsecnn.core.workers import NOTHING, WorkerPool
 
@@ -44,6 +51,47 @@ def _new_workers(**kwargs) -> WorkerPool:
 
 _WORKERS = _new_workers()
 _EXTRACTIONS: "OrderedDict[Key, BlockDecomposition]" = OrderedDict()
+Blocks = Tuple[Tuple[Tuple[int, ...], Tuple[int, ...]], ...]  # ((rows, cols), ...) of each dense block
+_PROVIDED: Dict[Tuple[int, ...], List[Tuple[torch.Tensor, Blocks]]] = {}  # shape -> [(bool mask, blocks)]
+
+
+def _provided_for(weight: torch.Tensor) -> Optional[Blocks]:
+    """The provided blocks whose mask holds every non-zero of `weight` (the smallest such mask),
+    or None (also for an all-zero weight)."""
+    nonzero = weight.detach().cpu() != 0
+    if not nonzero.any():
+        return None
+    covering = [(int(mask.sum()), blocks) for mask, blocks in _PROVIDED.get(tuple(weight.shape), [])
+                if not (nonzero & ~mask).any()]
+    return min(covering, key=lambda entry: entry[0])[1] if covering else None
+
+
+def provide_blocks(mask: torch.Tensor, blocks: Sequence[Tuple[Sequence[int], Sequence[int]]]) -> None:
+    """Use `blocks` ((rows: output channels, cols: flat (c, r, s) columns) of each dense block) for
+    the weights whose non-zeros lie inside `mask` (bool (K, C, R, S)); replaces what an equal mask
+    had; checked now (ValueError as `format.given_decomposition`)."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4:
+        raise ValueError(f"mask must be a bool (K, C, R, S) tensor, got {getattr(mask, 'dtype', type(mask))} "
+                         f"{tuple(getattr(mask, 'shape', ()))}")
+    frozen = tuple((tuple(int(r) for r in rows), tuple(int(c) for c in cols)) for rows, cols in blocks)
+    given_decomposition(mask.float(), frozen)
+    mask = mask.detach().cpu().clone()
+    entries = [entry for entry in _PROVIDED.get(tuple(mask.shape), []) if not torch.equal(entry[0], mask)]
+    _PROVIDED[tuple(mask.shape)] = entries + [(mask, frozen)]
+    _EXTRACTIONS.clear()  # an extraction of a weight inside this mask may be cached
+
+
+def provided_blocks(mask: torch.Tensor) -> Optional[Blocks]:
+    """The blocks `provide_blocks` recorded with exactly this mask, or None."""
+    mask = mask.detach().cpu()
+    return next((blocks for recorded, blocks in _PROVIDED.get(tuple(mask.shape), []) if torch.equal(recorded, mask)),
+                None)
+
+
+def clear_provided_blocks() -> None:
+    """Forget every `provide_blocks` (Algorithm 1 again for those layers)."""
+    _PROVIDED.clear()
+    _EXTRACTIONS.clear()
 
 
 def shutdown_extraction_workers() -> None:
@@ -71,6 +119,8 @@ def submit_extractions(weight: torch.Tensor, t2_values: Iterable[int]) -> None:
     """Start Algorithm 1 on `weight` (K, C, R, S) for each t2 in worker processes; `_extraction`
     of the same weight content and t2 then waits for that result instead of extracting."""
     data, content = _content(weight)
+    if _provided_for(data) is not None:
+        return
     sent = data.clone()  # sending moves a tensor's storage to shared memory: never the caller's
     for t2 in dict.fromkeys(t2_values):
         if (*content, t2) not in _EXTRACTIONS:
@@ -78,14 +128,19 @@ def submit_extractions(weight: torch.Tensor, t2_values: Iterable[int]) -> None:
 
 
 def extraction(weight: torch.Tensor, t2: int) -> BlockDecomposition:
-    """Algorithm 1 on `weight` with the paper's t1 = B1 = B2 = 8 and this t2, cached by content."""
+    """The provided blocks of `weight`'s non-zero pattern (`provide_blocks`), else Algorithm 1 with
+    the paper's t1 = B1 = B2 = 8 and this t2; cached by content."""
     data, content = _content(weight)
     key = (*content, t2)
     if key in _EXTRACTIONS:
         _EXTRACTIONS.move_to_end(key)
         return _EXTRACTIONS[key]
-    pickled = _WORKERS.take(key)
-    decomposition = extract_blocks(data, BlockParams(t2=t2)) if pickled is NOTHING else pickle.loads(pickled)
+    provided = _provided_for(data)
+    if provided is not None:
+        decomposition = given_decomposition(data, provided, BlockParams(t2=t2))
+    else:
+        pickled = _WORKERS.take(key)
+        decomposition = extract_blocks(data, BlockParams(t2=t2)) if pickled is NOTHING else pickle.loads(pickled)
     _EXTRACTIONS[key] = decomposition
     if len(_EXTRACTIONS) > _CACHE_SIZE:
         _EXTRACTIONS.popitem(last=False)

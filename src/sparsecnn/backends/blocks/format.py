@@ -38,7 +38,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -172,6 +172,43 @@ def extract_blocks(weight: torch.Tensor, params: Optional[BlockParams] = None) -
     kernel_shape = tuple(weight.shape) if weight.dim() == 4 else (weight.shape[0], matrix.shape[1], 1, 1)
     return BlockDecomposition(tuple(blocks), CSRWeight.from_dense(remainder), kernel_shape, params,
                               _report(blocks, int(mask.sum()), seconds, name))
+
+
+def given_decomposition(weight: torch.Tensor, blocks: Sequence[Tuple[Sequence[int], Sequence[int]]],
+                        params: Optional[BlockParams] = None) -> BlockDecomposition:
+    """`weight` (K, C, R, S) split into the dense blocks a re-pruning chose instead of Algorithm 1's:
+    blocks[i] = (rows: output channels, cols: flat kernel-matrix columns c*R*S + r*S + s), each
+    block's cells taken from the weight (zeros included), the non-zeros outside every block as the
+    CSR remainder. Blocks must not share a cell. params: recorded as the decomposition's (its t2
+    names the config it is packed for); the report's partitioner is "given". ValueError for indices
+    out of range, repeated within a block or shared between blocks."""
+    params = BlockParams() if params is None else params
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4 or not weight.is_floating_point():
+        raise ValueError(f"weight must be a floating (K, C, R, S) tensor, got "
+                         f"{getattr(weight, 'dtype', type(weight))} {tuple(getattr(weight, 'shape', ()))}")
+    start = time.perf_counter()
+    matrix = weight.detach().reshape(weight.shape[0], -1).cpu()
+    covered = torch.zeros(matrix.shape, dtype=torch.bool)
+    dense_blocks = []
+    for index, (rows, cols) in enumerate(blocks):
+        rows_t, cols_t = _block_indices(rows, matrix.shape[0], index, "rows"), _block_indices(cols, matrix.shape[1],
+                                                                                              index, "cols")
+        cells = covered[rows_t[:, None], cols_t[None, :]]
+        if cells.any():
+            raise ValueError(f"blocks[{index}] shares cells with an earlier block")
+        covered[rows_t[:, None], cols_t[None, :]] = True
+        dense_blocks.append(DenseBlock(rows_t, cols_t, matrix[rows_t[:, None], cols_t[None, :]].clone(), 0))
+    remainder = torch.where(covered, torch.zeros((), dtype=matrix.dtype), matrix)
+    return BlockDecomposition(tuple(dense_blocks), CSRWeight.from_dense(remainder), tuple(weight.shape), params,
+                              _report(dense_blocks, int((matrix != 0).sum()), time.perf_counter() - start, "given"))
+
+
+def _block_indices(values: Sequence[int], size: int, index: int, name: str) -> torch.Tensor:
+    """blocks[index]'s `name` as a sorted int64 tensor; ValueError unless distinct ints in [0, size)."""
+    indices = torch.as_tensor(list(values), dtype=torch.int64)
+    if indices.numel() == 0 or indices.min() < 0 or indices.max() >= size or indices.unique().numel() != indices.numel():
+        raise ValueError(f"blocks[{index}] {name} must be distinct ints in [0, {size}), got {list(values)[:8]}...")
+    return indices.sort().values
 
 
 @contextlib.contextmanager
