@@ -151,6 +151,43 @@ def test_the_kernel_runs_the_provided_blocks_exactly():
     assert relative_error(out, ref) < 1e-5
 
 
+def structure_case(case):
+    """(blocks, mask, weight) of the odd cases: tiles of 16, 32 or 64 rows over K=33 (the last tile
+    short), one tile group whose weights are all zero, and a fully dense layer as one block."""
+    if case == "dense":
+        mask = torch.ones(K, C, R, S, dtype=torch.bool)
+        return [(list(range(K)), list(range(C * R * S)))], mask, weight_in(mask)
+    blocks, mask = tile_structure(tile=16 if case == "zero group" else case, keep=6)
+    weight = weight_in(mask)
+    if case == "zero group":
+        weight.reshape(K, -1)[torch.tensor(blocks[1][0])[:, None], torch.tensor(blocks[1][1])[None, :]] = 0.0
+    return blocks, mask, weight
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", [16, 32, 64, "zero group", "dense"], ids=str)
+@pytest.mark.parametrize("kernel_case", [(1, 3), (2, 0), (1, 2)], ids=lambda c: f"stride{c[0]}-pad{c[1]}")
+def test_every_candidate_config_on_given_tiles(case, kernel_case):
+    stride, padding = kernel_case
+    blocks, mask, weight = structure_case(case)
+    provide_blocks(mask, blocks)
+    backend = get_backend("blocks")
+    spec = ConvSpec(2, C, K, 13, 13, R, S, stride, padding)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, C, 13, 13, generator=gen) + 0.1
+    bias = torch.randn(K, generator=gen)
+    ref = reference_conv(x, weight, bias, stride=stride, padding=padding, fp64=True)
+    from sparsecnn.backends.blocks.kernel import blocks_conv2d
+
+    for config in backend.configs(spec, torch.float32):
+        packed = backend.prepare(weight, config)
+        assert packed.decomposition.report.partitioner == "given"
+        out = torch.full(spec.output_shape, float("nan"))  # every element must be written
+        assert blocks_conv2d(x, packed, bias, stride, padding, config, out=out) is out
+        # The interpreter multiplies tf32 and tf32x3 dots in fp32, so every precision is exact here.
+        assert relative_error(out, ref) < 1e-5, config
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_the_kernel_runs_the_provided_blocks_in_fp16_on_cuda():
