@@ -308,7 +308,8 @@ def _add_common(parser, batch_default: Optional[int]) -> None:
     parser.add_argument("--sparsity", type=float, default=0.9, help="fraction of zero weights, 0..1")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="fp32 means TF32 off")
     parser.add_argument("--pattern", default="random",
-                        help="random, dlmc-<method> (e.g. dlmc-magnitude_pruning; resnet50 layers)")
+                        help="random, dlmc-<method> (e.g. dlmc-magnitude_pruning; resnet50 layers), or "
+                             "tiles<16|32|64>-<pattern> (that pattern re-pruned into tiles for backend blocks)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results.jsonl", help="JSON-lines file to append rows to")

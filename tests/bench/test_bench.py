@@ -17,6 +17,7 @@ from sparsecnn.bench import (
     validate_row,
     write_jsonl,
 )
+from sparsecnn.backends.blocks.extraction import extraction
 from sparsecnn.bench import models as bench_models
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
@@ -287,3 +288,30 @@ def test_efficiency_is_non_zero_macs_over_the_cuda_core_fma_rate_of_the_rows_gpu
     assert efficiency({**row, "dtype": "fp16"}) == pytest.approx(macs / (1e-3 * 132 * 256 * 1.98e9))
     assert efficiency({**row, "device": "NVIDIA H100 PCIe"}) == pytest.approx(macs / (1e-3 * 114 * 128 * 1.755e9))
     assert efficiency({**row, "device": "cpu"}) is None and efficiency({**row, "kind": "model"}) is None
+
+
+def test_tiles_pattern_re_prunes_into_tiles_handed_to_blocks():
+    spec = ConvSpec(1, 3, 33, 13, 13, 3, 3, name="odd")
+    weight, label = make_weight(spec, 0.8, "tiles16-random", seed=0, device="cpu", dtype=torch.float16)
+    assert label == "tiles16-random" and weight.dtype == torch.float16
+    mask = weight != 0
+    assert mask.sum().item() == round(0.2 * mask.numel())
+    rows = mask.reshape(33, -1)
+    assert len({tuple(row.tolist()) for row in rows}) <= -(-33 // 16) + 1  # rows of a tile share columns
+    decomposition = extraction(weight.float(), 8)
+    assert decomposition.report.partitioner == "given" and decomposition.report.share_in_blocks == 1.0
+    with pytest.raises(ValueError, match="tiles of 16, 32, 64 rows"):
+        make_weight(spec, 0.8, "tiles8-random", seed=0, device="cpu")
+
+
+def test_bench_model_tiles_pattern_labels_rows_and_hands_tiles_to_blocks():
+    model, label, sparsity = bench_models._pruned_model("lenet5", 0.8, "tiles16-random", 0, None)
+    assert label == "tiles16-random" and sparsity == 0.8
+    for conv in (model.conv1, model.conv2):
+        weight = conv.weight.detach()
+        assert (weight != 0).sum().item() == round(0.2 * weight.numel())
+        assert extraction(weight, 8).report.partitioner == "given"
+    rows = bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.8, pattern="tiles16-random", device="cpu",
+                       modes=("eager",), progress=False, timing=FAST)
+    assert {row["pattern"] for row in rows} == {"tiles16-random"}
+    assert rows[1]["rel_err"] < 1e-5

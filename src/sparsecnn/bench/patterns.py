@@ -8,9 +8,12 @@ from typing import Optional, Tuple
 import torch
 
 from sparsecnn.core.spec import ConvSpec
+from sparsecnn.backends.blocks.extraction import provide_blocks
 from sparsecnn.prune import dlmc_layer_mask, dlmc_sets, magnitude_mask
+from sparsecnn.prune.tiles import TILE_SIZES, TileParams, reprune_tiles
 
 DLMC_PREFIX = "dlmc-"
+TILES_PREFIX = "tiles"  # "tiles<rows>-<pattern>": <pattern>'s mask re-pruned into tiles (issue 32)
 
 
 def layer_generator(seed: int, name: str) -> torch.Generator:
@@ -46,6 +49,28 @@ def _dlmc_mask(spec: ConvSpec, method: str, sparsity: float) -> Optional[torch.T
     return mask if tuple(mask.shape) == spec.weight_shape else None
 
 
+def split_tiles_pattern(pattern: str) -> Tuple[Optional[int], str]:
+    """"tiles<rows>-<base>" -> (rows, base); any other pattern -> (None, pattern). ValueError for
+    tiles of other than 16, 32 or 64 rows."""
+    head, _, base = pattern.partition("-")
+    if not head.startswith(TILES_PREFIX) or not base:
+        return None, pattern
+    rows = head[len(TILES_PREFIX):]
+    if rows not in {str(size) for size in TILE_SIZES}:
+        raise ValueError(f"pattern {pattern!r}: tiles of {', '.join(map(str, TILE_SIZES))} rows, e.g. "
+                         f"'tiles32-{base}'")
+    return int(rows), base
+
+
+def tiled(weight: torch.Tensor, values: torch.Tensor, rows: int) -> torch.Tensor:
+    """`weight` (K, C, R, S, pruned) re-pruned into tiles of `rows` output channels at the same
+    kept count (`prune.tiles.reprune_tiles`), every kept cell holding its value from `values` (as
+    re-training fills the cells the tiles add); the tiles are handed to backend `blocks`."""
+    decomposition = reprune_tiles(weight, weight != 0, TileParams(tile=rows))
+    provide_blocks(decomposition.mask, decomposition.blocks)
+    return torch.where(decomposition.mask, values, 0.0)
+
+
 def make_weight(spec: ConvSpec, sparsity: float, pattern: str, seed: int, device: torch.device | str,
                 dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, str]:
     """Weight (K, C // groups, R, S) of `dtype` on `device` with zeros at pruned positions, and the
@@ -54,9 +79,15 @@ def make_weight(spec: ConvSpec, sparsity: float, pattern: str, seed: int, device
     pattern "random": a uniformly random mask with exactly round((1 - sparsity) * numel) non-zeros.
     pattern "dlmc-<method>" (e.g. "dlmc-magnitude_pruning"): the DLMC ResNet-50 mask of layer
     `spec.name` from set f"{method}-{sparsity:g}" when present (label `pattern`); otherwise the
-    random mask (label "random"). Kept values are normal(0, 1) * sqrt(2 / fan_in), drawn from a
-    generator seeded by (seed, spec.name).
+    random mask (label "random"). pattern "tiles<rows>-<pattern>" (rows 16, 32 or 64): that
+    pattern's weight re-pruned into tiles (`tiled`; label "tiles<rows>-" + its label). Kept values
+    are normal(0, 1) * sqrt(2 / fan_in), drawn from a generator seeded by (seed, spec.name).
     """
+    rows, base = split_tiles_pattern(pattern)
+    if rows is not None:
+        weight, label = make_weight(spec, sparsity, base, seed, "cpu")
+        values = make_weight(spec, 0.0, "random", seed, "cpu")[0]
+        return tiled(weight, values, rows).to(device=device, dtype=dtype), f"{TILES_PREFIX}{rows}-{label}"
     _check_sparsity(sparsity)
     generator = layer_generator(seed, spec.name)
     mask, label = None, "random"
@@ -64,7 +95,8 @@ def make_weight(spec: ConvSpec, sparsity: float, pattern: str, seed: int, device
         mask = _dlmc_mask(spec, pattern[len(DLMC_PREFIX):], sparsity)
         label = pattern if mask is not None else "random"
     elif pattern != "random":
-        raise ValueError(f"unknown pattern {pattern!r}; expected 'random' or 'dlmc-<method>'")
+        raise ValueError(f"unknown pattern {pattern!r}; expected 'random', 'dlmc-<method>' or "
+                         f"'tiles<rows>-<pattern>'")
     if mask is None:
         mask = _random_mask(spec, sparsity, generator)
     fan_in = spec.weight_numel // spec.K
