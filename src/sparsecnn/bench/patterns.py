@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from sparsecnn.core.spec import ConvSpec
 from sparsecnn.backends.blocks.extraction import provide_blocks
+from sparsecnn.core.spec import ConvSpec
 from sparsecnn.prune import dlmc_layer_mask, dlmc_sets, magnitude_mask
 from sparsecnn.prune.tiles import TILE_SIZES, TileParams, reprune_tiles
 
