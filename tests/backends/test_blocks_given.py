@@ -165,27 +165,32 @@ def structure_case(case):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("case", [16, 32, 64, "zero group", "dense"], ids=str)
 @pytest.mark.parametrize("kernel_case", [(1, 3), (2, 0), (1, 2)], ids=lambda c: f"stride{c[0]}-pad{c[1]}")
-def test_every_candidate_config_on_given_tiles(case, kernel_case):
+def test_every_candidate_config_on_given_tiles(case, kernel_case, dtype):
+    """fp32: every precision's config (the interpreter multiplies tf32 and tf32x3 dots in fp32, so
+    all are exact here); fp16: the hand double-buffered loop, within 2x of torch's own fp16 conv."""
     stride, padding = kernel_case
     blocks, mask, weight = structure_case(case)
     provide_blocks(mask, blocks)
     backend = get_backend("blocks")
     spec = ConvSpec(2, C, K, 13, 13, R, S, stride, padding)
     gen = torch.Generator().manual_seed(4)
-    x = torch.randn(2, C, 13, 13, generator=gen) + 0.1
-    bias = torch.randn(K, generator=gen)
-    ref = reference_conv(x, weight, bias, stride=stride, padding=padding, fp64=True)
+    x = (torch.randn(2, C, 13, 13, generator=gen) + 0.1).to(dtype)
+    bias = torch.randn(K, generator=gen).to(dtype)
+    weight = weight.to(dtype)
+    ref = reference_conv(x.double(), weight.double(), bias.double(), stride=stride, padding=padding, fp64=True)
+    own = torch.nn.functional.conv2d(x, weight, bias, stride, padding)
+    bound = 1e-5 if dtype == torch.float32 else 2 * relative_error(own, ref) + 1e-6
     from sparsecnn.backends.blocks.kernel import blocks_conv2d
 
-    for config in backend.configs(spec, torch.float32):
+    for config in backend.configs(spec, dtype):
         packed = backend.prepare(weight, config)
         assert packed.decomposition.report.partitioner == "given"
-        out = torch.full(spec.output_shape, float("nan"))  # every element must be written
+        out = torch.full(spec.output_shape, float("nan"), dtype=dtype)  # every element must be written
         assert blocks_conv2d(x, packed, bias, stride, padding, config, out=out) is out
-        # The interpreter multiplies tf32 and tf32x3 dots in fp32, so every precision is exact here.
-        assert relative_error(out, ref) < 1e-5, config
+        assert relative_error(out, ref) < bound, config
 
 
 @pytest.mark.gpu
