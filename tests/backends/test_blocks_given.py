@@ -170,7 +170,7 @@ def structure_case(case):
 @pytest.mark.parametrize("kernel_case", [(1, 3), (2, 0), (1, 2)], ids=lambda c: f"stride{c[0]}-pad{c[1]}")
 def test_every_candidate_config_on_given_tiles(case, kernel_case, dtype):
     """fp32: every precision's config (the interpreter multiplies tf32 and tf32x3 dots in fp32, so
-    all are exact here); fp16: the hand double-buffered loop, within 2x of torch's own fp16 conv."""
+    all are exact here); fp16: the half-precision dot loop, within 2x of torch's own fp16 conv."""
     stride, padding = kernel_case
     blocks, mask, weight = structure_case(case)
     provide_blocks(mask, blocks)

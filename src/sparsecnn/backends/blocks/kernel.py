@@ -39,8 +39,8 @@ tail of the grid holds the cheap ones.
 
 Pipelining (sm_90, checked by compiling offline). fp32 input gathers are 4 bytes, so Triton
 pipelines the dot loop with cp.async over num_stages buffers; fp16/bf16 gathers (2 bytes, at
-arbitrary alignment) cannot use cp.async: that loop is double-buffered in registers by hand (the
-next chunk's loads issued before this chunk's MMA).
+arbitrary alignment) cannot use cp.async, and that loop runs single-buffered, its latency hidden
+by the other programs on the SM (~126 registers at 64 x 64: four programs of 4 warps).
 
 Grid: 1-D, tiles fastest, then pixel tiles: programs that run together read the same input patch
 (from L2 after the first). Accumulation is float32; output dtype = input dtype. All offsets are
@@ -142,34 +142,22 @@ def _blocks_conv_kernel(
         acc += xv.to(tl.float32) * w[None, :]
 
     # The dot loop loads the next chunk's offsets before using the current ones, so the gather
-    # never waits on an offset load (the column arrays end with 2 * BLOCK_K slack columns for the
-    # look-ahead past a tile's last chunk). The ELL loop does not: its offsets are replicated in
-    # every thread of a pixel row, and a second set would cost ~50 registers (measured on sm_90).
+    # never waits on an offset load (the column arrays end with BLOCK_K slack columns for the
+    # last look-ahead). The ELL loop does not: its offsets are replicated in every thread of a
+    # pixel row, and a second set would cost ~50 registers (measured on sm_90) and occupancy.
     dense_begin = tl.load(dense_start_ptr + tile)
     width = tl.load(dense_start_ptr + tile + 1) - dense_begin
     kk = tl.arange(0, BLOCK_K)
     w_tile = dense_val_ptr + dense_begin * BLOCK_M
     off = tl.load(dense_off_ptr + dense_begin + kk)
-    if FP32_DOT:
-        # 4-byte gathers: Triton pipelines this loop with cp.async over num_stages buffers.
-        for k0 in range(0, width, BLOCK_K):
-            xt = tl.load(x_ptr + (x_pix[:, None] + off[None, :]))               # [BLOCK_N, BLOCK_K] input
-            wt = tl.load(w_tile + ((k0 + kk) * BLOCK_M)[:, None] + slot[None, :])  # [BLOCK_K, BLOCK_M] weights
-            off = tl.load(dense_off_ptr + dense_begin + k0 + BLOCK_K + kk)
+    for k0 in range(0, width, BLOCK_K):
+        xt = tl.load(x_ptr + (x_pix[:, None] + off[None, :]))               # [BLOCK_N, BLOCK_K] input
+        wt = tl.load(w_tile + ((k0 + kk) * BLOCK_M)[:, None] + slot[None, :])  # [BLOCK_K, BLOCK_M] weights
+        off = tl.load(dense_off_ptr + dense_begin + k0 + BLOCK_K + kk)
+        if FP32_DOT:
             acc = tl.dot(xt, wt, acc, input_precision=PRECISION)
-    else:
-        # 2-byte gathers at any alignment get no cp.async, so the loop is double-buffered by hand:
-        # the next chunk's input and weights are in flight while the tensor cores work on this one.
-        xt = tl.load(x_ptr + (x_pix[:, None] + off[None, :]))
-        wt = tl.load(w_tile + (kk * BLOCK_M)[:, None] + slot[None, :])
-        off = tl.load(dense_off_ptr + dense_begin + BLOCK_K + kk)
-        for k0 in range(0, width, BLOCK_K):
-            x_next = tl.load(x_ptr + (x_pix[:, None] + off[None, :]))
-            w_next = tl.load(w_tile + ((k0 + BLOCK_K + kk) * BLOCK_M)[:, None] + slot[None, :])
-            off = tl.load(dense_off_ptr + dense_begin + k0 + 2 * BLOCK_K + kk)
+        else:
             acc = tl.dot(xt, wt, acc)
-            xt = x_next
-            wt = w_next
 
     row_ok = rows >= 0
     if HAS_BIAS:
@@ -237,16 +225,15 @@ _T2_VALUES = (4, 8, 12, 16)  # the paper tunes t2 over these (Sec. 6.2)
 
 def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32,
                       precision: Optional[str] = None) -> List[BlocksConfig]:
-    """Configs for the autotuner, default first; <= 8, distinct.
+    """Configs for the autotuner, default first; <= 6, distinct.
 
     precision: for fp32, "tf32x3" (the default: fp32-level error on tensor cores, so autotuning
     never trades accuracy for speed), "ieee" or "tf32"; fp16/bf16 ignore it. The default tile is
     64 channels x 64 pixels x 32 columns (4 warps: one Hopper warpgroup, a wgmma-sized M). Its t2
     is 8 for tensor-core modes, 12 for "ieee", where the dense part runs on FMA units and zeros in
     blocks cost as much as non-zeros. The others: the three other t2 values, then a narrower (32 x 128) and a taller
-    (128 x 64, 8 warps) tile at the default t2, and the default and narrow tiles with 64 columns per
-    dot step (twice the loads in flight). Tiles never exceed the layer's channel count (rounded up
-    to a power of two).
+    (128 x 64, 8 warps) tile at the default t2. Tiles never exceed the layer's channel count
+    (rounded up to a power of two).
     """
     if precision is None:
         precision = "tf32x3"
@@ -257,13 +244,12 @@ def candidate_configs(spec: ConvSpec, dtype: torch.dtype = torch.float32,
     t2 = 12 if dtype == torch.float32 and precision == "ieee" else 8
     channels = max(16, pow2_at_least(spec.K))
 
-    def sized(t2_value: int, block_m: int, block_n: int, num_warps: int, block_kred: int = 32) -> BlocksConfig:
-        return BlocksConfig(t2_value, min(block_m, channels), block_n, block_kred, num_warps, 3, precision)
+    def sized(t2_value: int, block_m: int, block_n: int, num_warps: int) -> BlocksConfig:
+        return BlocksConfig(t2_value, min(block_m, channels), block_n, 32, num_warps, 3, precision)
 
     configs = [sized(t2, 64, 64, 4)]
     configs += [sized(other, 64, 64, 4) for other in _T2_VALUES if other != t2]
     configs += [sized(t2, 32, 128, 4), sized(t2, 128, 64, 8)]
-    configs += [sized(t2, 64, 64, 4, 64), sized(t2, 32, 128, 4, 64)]
     return list(dict.fromkeys(configs))
 
 
@@ -276,10 +262,10 @@ class BlocksWeight:
     decomposition: the `BlockDecomposition` (Algorithm 1) it was built from; config: the
     `BlocksConfig` it was packed for (its t2, block_m, block_kred; `blocks_conv2d` runs with it
     when given no config); rows: int32 (tiles * block_m,) channels, -1 = empty slot;
-    dense_start: int32 (tiles + 1,); dense_cols: int32 (D + 2 block_kred,) kernel-matrix columns;
-    dense_values: float32 ((D + 2 block_kred) * block_m,), per tile a (width, block_m) row-major
+    dense_start: int32 (tiles + 1,); dense_cols: int32 (D + block_kred,) kernel-matrix columns;
+    dense_values: float32 ((D + block_kred) * block_m,), per tile a (width, block_m) row-major
     block; ell_start: int32 (tiles + 1,); ell_cols: int32 (E + 1, block_m); ell_values: float32
-    (E + 1, block_m); the last 2 block_kred columns and the last step are slack (see `_concatenate`).
+    (E + 1, block_m); the last block_kred columns and the last step are slack (see `_concatenate`).
     All on one device.
     stats: what the kernel will compute (see `_plan_stats`).
     """
@@ -425,18 +411,18 @@ def _tile(matrix, nonzero, union, rows, block_m: int, block_kred: int) -> _Tile:
 def _concatenate(tiles: List[_Tile], block_m: int, block_kred: int) -> Tuple[np.ndarray, ...]:
     """The flat arrays of `BlocksWeight` (rows ... ell_values) from the tiles.
 
-    The dense arrays end with 2 * block_kred slack columns (offset 0, weight 0): the kernel's dot
-    loop reads up to two chunks of offsets (one of weights) ahead, past a tile's last.
+    The dense arrays end with block_kred slack columns (offset 0, weight 0): the kernel's dot
+    loop reads one chunk of offsets ahead, past a tile's last.
     """
     rows = np.full((len(tiles), block_m), -1, dtype=np.int32)
     for index, tile in enumerate(tiles):
         rows[index, :tile.rows.size] = tile.rows
     dense_start = np.concatenate(([0], np.cumsum([t.cols.size for t in tiles]))).astype(np.int64)
     ell_start = np.concatenate(([0], np.cumsum([t.ell_cols.shape[0] for t in tiles]))).astype(np.int64)
-    if block_m * (dense_start[-1] + 2 * block_kred) > INT32_MAX or block_m * ell_start[-1] > INT32_MAX:
+    if block_m * (dense_start[-1] + block_kred) > INT32_MAX or block_m * ell_start[-1] > INT32_MAX:
         raise ValueError("packed weight too large for int32 indexing")
-    dense_cols = np.concatenate([t.cols for t in tiles] + [np.zeros(2 * block_kred, np.int64)])
-    dense_values = np.concatenate([t.dense.ravel() for t in tiles] + [np.zeros(2 * block_kred * block_m, np.float32)])
+    dense_cols = np.concatenate([t.cols for t in tiles] + [np.zeros(block_kred, np.int64)])
+    dense_values = np.concatenate([t.dense.ravel() for t in tiles] + [np.zeros(block_kred * block_m, np.float32)])
     # One zero step even when there are none: a kernel argument must point at memory.
     ell_cols = np.concatenate([t.ell_cols for t in tiles] + [np.zeros((1, block_m), np.int64)])
     ell_values = np.concatenate([t.ell_vals for t in tiles] + [np.zeros((1, block_m), np.float32)])
@@ -492,7 +478,7 @@ def _check_arrays(x: torch.Tensor, arrays: BlocksArrays, config: BlocksConfig) -
             raise ValueError(f"{name} must be {expected}, got {tensor.dtype}")
     tiles = dense_start.numel() - 1
     if (tiles < 0 or rows.shape != (tiles * config.block_m,) or ell_start.shape != (tiles + 1,)
-            or dense_values.numel() != dense_off.numel() * config.block_m or dense_off.numel() < 2 * config.block_kred
+            or dense_values.numel() != dense_off.numel() * config.block_m or dense_off.numel() < config.block_kred
             or ell_off.dim() != 2 or ell_off.shape[1] != config.block_m or ell_values.shape != ell_off.shape):
         raise ValueError(f"packed arrays do not fit a packing with block_m={config.block_m}, "
                          f"block_kred={config.block_kred}: shapes {[tuple(t.shape) for t in arrays]}")
