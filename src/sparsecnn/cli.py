@@ -192,6 +192,10 @@ def _prune_digits(args, source, name, checkpoint, device, base, layer_sparsities
     start_top1 = _remembered(base, "start_top1", lambda: top1_accuracy(model, split))
     options = {} if args.finetune_epochs is None else {"epochs": args.finetune_epochs}
     options.update(_tile_option(args))
+    if args.method == "reprune-select":
+        from sparsecnn.tuning import block_gains
+
+        options["measure_gains"] = block_gains
     masks = prune_with(args.method, model, split, args.sparsity, seed=args.seed, progress=True,
                        batch_size=args.batch_size, train=base, **options)
     _finish(args, name, model, masks, checkpoint, start_top1, lambda m: top1_accuracy(m, split), split.train_x[:256])

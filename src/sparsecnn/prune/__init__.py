@@ -10,6 +10,7 @@ from sparsecnn.prune.quantize import QUANTIZERS
 from sparsecnn.prune.report import format_sparsity_report, sparsity_report
 from sparsecnn.prune.resume import RunState
 from sparsecnn.prune.reprune import benefits, knapsack, reprune_, reprune_layer
+from sparsecnn.prune.selection import SelectionConfig, SelectionReport, layers_to_reprune, search_b3
 from sparsecnn.prune.targets import layer_sparsities, pruned_layers
 from sparsecnn.prune.tiles import TileDecomposition, TileGroup, TileParams, reprune_tiles, reprune_tiles_
 from sparsecnn.prune.training import TrainConfig, classification_loss, top1_evaluator, train_epochs
@@ -22,6 +23,8 @@ __all__ = [
     "TrainConfig",
     "QUANTIZERS",
     "RunState",
+    "SelectionConfig",
+    "SelectionReport",
     "absorb_torch_prune_",
     "admm_prune_",
     "apply_dlmc_",
@@ -35,6 +38,7 @@ __all__ = [
     "get_method",
     "gradual_prune_",
     "knapsack",
+    "layers_to_reprune",
     "layer_sparsities",
     "load_dlmc_masks",
     "load_pruned",
@@ -51,6 +55,7 @@ __all__ = [
     "register_method",
     "reprune_",
     "reprune_layer",
+    "search_b3",
     "reprune_tiles",
     "reprune_tiles_",
     "save_pruned",

@@ -12,7 +12,7 @@ Adding one: `register_method("name", fn)`.
 `prune_and_finetune` is the entry for any model, any re-iterable batches (a
 `torch.utils.data.DataLoader`) and any loss `(model, batch) -> tensor`; the digits "magnitude"
 method is one call of it, "gradual" shares its loop (`gradual.gradual_phases_`). "admm" takes a
-`loss` through `admm_prune_`; "evolutionary", "reprune" and "reprune-tiles" still take a digits split.
+`loss` through `admm_prune_`; "evolutionary", "reprune", "reprune-tiles" and "reprune-select" still take a digits split.
 Every built-in method takes `train`, a `TrainConfig` whose momentum, weight decay, precision and
 run state apply to all its phases. In a distributed run `training_batches` gives each rank its
 share of every batch, and masks are decided on rank 0 and broadcast.
@@ -30,6 +30,7 @@ from sparsecnn.prune.evolutionary import evolutionary_prune_
 from sparsecnn.prune.gradual import gradual_phases_, gradual_prune_
 from sparsecnn.prune.magnitude import Masks, magnitude_mask
 from sparsecnn.prune.reprune import reprune_method
+from sparsecnn.prune.selection import reprune_select_method
 from sparsecnn.prune.tiles import reprune_tiles_method
 from sparsecnn.prune.targets import SparsityTarget, layer_sparsities, pruned_layers
 from sparsecnn.prune.training import (
@@ -196,6 +197,7 @@ register_method("admm", admm_method)
 register_method("evolutionary", evolutionary_prune_)
 register_method("reprune", reprune_method)
 register_method("reprune-tiles", reprune_tiles_method)
+register_method("reprune-select", reprune_select_method)
 
 __all__ = ["PruneMethod", "get_method", "method_names", "prune_and_finetune", "prune_with", "pruned_layers",
            "register_method", "top1_accuracy", "train_dense_", "training_batches"]

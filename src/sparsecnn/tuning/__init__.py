@@ -15,4 +15,6 @@ __all__ = ["DEFAULT_DROP_RATIO", "Candidate", "EagerTimer", "LayerResult", "Meas
            "tf32_flags", "time_one_call", "tune_layer"]
 from sparsecnn.tuning.sparsify import autotune_model, sparsify_  # noqa: E402  (imports the names above)
 
-__all__ += ["autotune_model", "sparsify_"]
+from sparsecnn.tuning.gains import block_gains  # noqa: E402
+
+__all__ += ["autotune_model", "block_gains", "sparsify_"]
