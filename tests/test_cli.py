@@ -57,6 +57,16 @@ def test_bench_layers_rejects_unknown_layers(tmp_path, capsys):
     assert "--layers" in capsys.readouterr().err
 
 
+def test_bench_layers_peers_fail_at_once_naming_the_option(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SPARSECNN_SPUTNIK_LIB", raising=False)
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", "layers", "--suite", "dong", "--peers", "sputnik", "--device", "cpu", "--out", str(out)]) == 2
+    assert "--peers sputnik: SPARSECNN_SPUTNIK_LIB is not set" in capsys.readouterr().err
+    assert main(["bench", "layers", "--suite", "dong", "--peers", "nope", "--device", "cpu", "--out", str(out)]) == 2
+    assert re.search(r"--peers nope: no peer adapter 'nope'.*sputnik", capsys.readouterr().err)
+    assert not out.exists()
+
+
 def test_demo_runs_and_reports_speedup(capsys):
     assert main(["demo", "--batch", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

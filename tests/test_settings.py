@@ -31,6 +31,8 @@ CASES = [
     (settings.UNROLLED_WORKERS, settings.unrolled_workers, " 5", 5, HALF_THE_CPUS),
     (settings.DLMC, settings.dlmc_dir, "~/dlmc", HOME / "dlmc", None),
     (settings.COMMIT, settings.commit, "abc1234", "abc1234", None),
+    (settings.SPUTNIK_LIB, settings.sputnik_lib, "~/peers/libsputnik_spmm.so", HOME / "peers/libsputnik_spmm.so",
+     None),
 ]
 BAD = [
     (settings.CODEGEN_LOADER, settings.codegen_loader, "nvrtc", "must be one of"),

@@ -62,13 +62,30 @@ def _cmd_bench_layers(args) -> None:
         if unknown:
             raise ValueError(f"--layers: {', '.join(sorted(unknown))} not in suite {args.suite}")
         specs = [spec for spec in specs if spec.name in wanted]
+    peers = _peers(args.peers)  # before any timing: a missing library fails at once
     rows = bench_layers(specs, suite=args.suite, sparsity=args.sparsity,
                         pattern=args.pattern, dtype=args.dtype, backends=_split(args.backends),
                         device=_device(args), seed=args.seed, configs=args.configs,
                         timing=dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms), mode=args.mode,
-                        on_rows=lambda layer_rows: write_jsonl(layer_rows, args.out))
+                        on_rows=lambda layer_rows: write_jsonl(layer_rows, args.out), peers=peers)
     print(markdown_table(rows))
     print(f"\n{len(rows)} rows appended to {args.out}")
+
+
+def _peers(text: Optional[str]) -> list:
+    """The peers named by --peers (none without it), loaded from the checkout's benchmarks/peers
+    only then; FileNotFoundError naming the option and what is missing (adapter, library)."""
+    if not text:
+        return []
+    from sparsecnn.bench.peers import load_peer
+
+    loaded = []
+    for name in _split(text):
+        try:
+            loaded.append(load_peer(name))
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"--peers {name}: {error}") from None
+    return loaded
 
 
 def _cmd_bench_model(args) -> None:
@@ -341,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_layers.add_argument("--mode", choices=("gpu", "eager"), default="gpu",
                               help="gpu: GPU time alone, launch overhead hidden (as under CUDA graphs); "
                                    "eager: launch overhead included")
+    bench_layers.add_argument("--peers", default=None,
+                              help="comma-separated peer systems timed beside (rows 'peer:<variant>'), from the "
+                                   "checkout's benchmarks/peers, e.g. sputnik (needs SPARSECNN_SPUTNIK_LIB)")
     bench_layers.add_argument("--warmup-ms", type=float, default=25.0, help="warm-up time per measurement")
     bench_layers.add_argument("--rep-ms", type=float, default=100.0, help="timed repeats per measurement (ms)")
     _add_common(bench_layers, None)

@@ -56,10 +56,13 @@ DLMC = Setting("SPARSECNN_DLMC", "path", "shared/data/dlmc-rn50 or .carry/dlmc-r
                "DLMC ResNet-50 masks (a directory with index.json)")
 COMMIT = Setting("SPARSECNN_COMMIT", "str", "git rev-parse --short HEAD of the package's checkout",
                  "commit recorded in benchmark rows (for a copied tree)")
+SPUTNIK_LIB = Setting("SPARSECNN_SPUTNIK_LIB", "path", "none",
+                      "libsputnik_spmm.so for `sparsecnn bench layers --peers sputnik` "
+                      "(built by benchmarks/peers/build_sputnik.sh)")
 
 SETTINGS: Tuple[Setting, ...] = (CACHE_DIR, CACHE, CODEGEN_LOADER, NVCC, PTXAS, MAX_PTX_ISA, FAST_LAUNCH,
                                   UNROLLED_MAX_NNZ, BLOCKS_WORKERS, CODEGEN_WORKERS, UNROLLED_WORKERS,
-                                  DLMC, COMMIT)
+                                  DLMC, COMMIT, SPUTNIK_LIB)
 
 
 def describe() -> Tuple[Setting, ...]:
@@ -181,3 +184,9 @@ def dlmc_dir() -> Optional[Path]:
 def commit() -> Optional[str]:
     """$SPARSECNN_COMMIT (str; default None: ask git): the commit recorded in benchmark rows."""
     return _raw(COMMIT)
+
+
+def sputnik_lib() -> Optional[Path]:
+    """$SPARSECNN_SPUTNIK_LIB (path; default None: the Sputnik peer cannot run): the shared library
+    benchmarks/peers/build_sputnik.sh builds, loaded by `bench layers --peers sputnik`."""
+    return _path(SPUTNIK_LIB)

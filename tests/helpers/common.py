@@ -44,6 +44,13 @@ def _cuda_tool(name: str) -> bool:
     return toolchain.find_tool(name) is not None
 
 
+def _sputnik() -> bool:
+    from sparsecnn import settings
+
+    path = settings.sputnik_lib()
+    return path is not None and path.is_file()
+
+
 def _dlmc() -> bool:
     from sparsecnn.prune.dlmc import dlmc_root
 
@@ -70,8 +77,11 @@ REQUIREMENTS = {
     # (mtkahypar: with it, the "auto" partitioner turns slow), and the DLMC masks, shared data that
     # is never committed, so a clone holds them only where ../shared happens to sit beside it.
     "mtkahypar": (lambda: _module("mtkahypar"), "needs the optional mtkahypar package (`pip install mtkahypar`)"),
+    # A peer system built outside the repository (benchmarks/peers), never part of CI.
+    "sputnik": (_sputnik, "needs Sputnik's SpMM library: build it with benchmarks/peers/build_sputnik.sh and set "
+                          "SPARSECNN_SPUTNIK_LIB to the libsputnik_spmm.so it prints"),
 }
-OPTIONAL = frozenset({"mtkahypar", "dlmc"})
+OPTIONAL = frozenset({"mtkahypar", "dlmc", "sputnik"})
 OPTIONAL_PREFIX = "optional: "  # how the skip reason of an OPTIONAL requirement starts
 
 

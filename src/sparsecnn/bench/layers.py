@@ -10,6 +10,8 @@ measures arithmetic error only; one float64 reference on the device. Then:
   baseline anyone runs.
 * each requested backend at the requested dtype, NCHW contiguous, with its default config (or every
   config with `all_configs=True`).
+* each peer system asked for (`peers.Peer`: another project's kernels, loaded from the checkout's
+  benchmarks/peers), one row per variant, backend "peer:<variant>", on the same input and weight.
 
 Each measurement: a best-effort poisoning of freed device memory with NaN, one run whose output is
 compared with the reference, then timing (`tuning.benchmark`, L2 flushed on CUDA).
@@ -29,6 +31,7 @@ from tqdm.auto import tqdm
 from sparsecnn.backends import Backend, config_to_dict, get_backend
 from sparsecnn.bench.env import environment, new_run_id
 from sparsecnn.bench.patterns import make_weight
+from sparsecnn.bench.peers import PEER_PREFIX, Peer
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
 from sparsecnn.bench.schema import DTYPES, FIELDS, torch_dtype
 from sparsecnn.core.reference import reference_conv, relative_error
@@ -215,12 +218,32 @@ def _backend_rows(backend: Backend, layer: _Layer, run: _Run) -> List[Dict[str, 
     return rows
 
 
-def _bench_one(spec: ConvSpec, name: str, sparsity: float, backends: List[Backend], baselines: bool,
-               run: _Run) -> List[Dict[str, Any]]:
+def _peer_rows(peer: Peer, layer: _Layer, run: _Run) -> List[Dict[str, Any]]:
+    """One row per variant of `peer`, timed as the backends are (`_try_measure`, same flags)."""
+    reason = peer.unsupported_reason(layer.spec, run.dtype, run.device.type)
+    if reason is not None:
+        run.note(f"{layer.name}: peer {peer.name} skipped: {reason}")
+        return []
+    stored = torch_dtype(run.dtype)
+    weight, x = layer.weight.to(stored).contiguous(), layer.x.to(stored).contiguous()
+    rows = []
+    for variant in peer.variants:
+        backend = PEER_PREFIX + variant
+        stats = _try_measure(lambda: peer.bind(variant, weight, x, layer.spec, run.dtype), layer, run, run.dtype,
+                             backend)
+        if stats is not None:
+            rows.append(_row(layer, run, backend, run.dtype, peer.config(variant, layer.spec, run.dtype), stats))
+    return rows
+
+
+def _bench_one(spec: ConvSpec, name: str, sparsity: float, backends: List[Backend], peers: Sequence[Peer],
+               baselines: bool, run: _Run) -> List[Dict[str, Any]]:
     layer = _prepare_layer(spec, name, sparsity, run)
     rows = _baseline_rows(layer, run) if baselines else []
     for backend in backends:
         rows.extend(_backend_rows(backend, layer, run))
+    for peer in peers:
+        rows.extend(_peer_rows(peer, layer, run))
     return rows
 
 
@@ -229,7 +252,8 @@ def bench_layers(specs: Sequence[ConvSpec], *, suite: str, sparsity: float, patt
                  run_id: Optional[str] = None, ceilings: Optional[Dict[str, float]] = None,
                  baselines: bool = True, progress: bool = True, timing: Optional[Dict[str, Any]] = None,
                  configs: str = "default", mode: str = "gpu",
-                 on_rows: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
+                 on_rows: Optional[Callable[[List[Dict[str, Any]]], None]] = None,
+                 peers: Sequence[Peer] = ()) -> List[Dict[str, Any]]:
     """Benchmark every layer of `specs`; returns results rows (see `schema`), kind "layer".
 
     suite: label recorded in the rows. sparsity: fraction of zero weights in [0, 1). pattern: "random"
@@ -245,6 +269,8 @@ def bench_layers(specs: Sequence[ConvSpec], *, suite: str, sparsity: float, patt
     support a layer, or runs out of memory, is skipped with a printed note and gives no row.
     on_rows: called with each layer's rows as soon as they are measured (so a run cut short by a
     time limit still leaves the rows of the layers it finished).
+    peers: loaded peer systems (`peers.load_peer`), each variant a row of backend "peer:<variant>"
+    at the requested dtype; a layer or dtype a peer does not run is skipped with a note.
     """
     torch_dtype(dtype)
     if configs not in ("default", "auto", "all"):
@@ -260,7 +286,7 @@ def bench_layers(specs: Sequence[ConvSpec], *, suite: str, sparsity: float, patt
     run = _Run(base, pattern, dtype, device, seed, timing, ceilings, configs, tqdm.write)
     rows: List[Dict[str, Any]] = []
     for index, spec in enumerate(tqdm(specs, desc=f"{suite} {dtype}", unit="layer", disable=not progress)):
-        layer_rows = _bench_one(spec, spec.name or f"layer{index}", sparsity, chosen, baselines, run)
+        layer_rows = _bench_one(spec, spec.name or f"layer{index}", sparsity, chosen, peers, baselines, run)
         if on_rows is not None:
             on_rows(layer_rows)
         rows.extend(layer_rows)

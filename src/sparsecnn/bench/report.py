@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from sparsecnn.bench.layers import CUDNN
+from sparsecnn.bench.peers import PEER_PREFIX
 from sparsecnn.bench.schema import DTYPES
 from sparsecnn.core.device import cuda_core_fma_rate, nominal_for_name
 from sparsecnn.core.spec import ConvSpec
@@ -148,7 +149,8 @@ def _layer_cells(group: _LayerGroup, layer: str, cudnn_dtypes: List[str]) -> Lis
     cells.append("—" if floor is None else f"{floor:.4g}")
     share = None if floor is None or fastest["median_ms"] <= 0 else 100 * floor / fastest["median_ms"]
     cells.append("—" if share is None else f"{share:.3g}%")
-    sparse = [row for row in runs if row["backend"] != CUDNN and not row["backend"].startswith("dense")]
+    # "sparse eff %" is about our backends: peers' rows ("peer:...") are shown but not counted there
+    sparse = [row for row in runs if row["backend"] != CUDNN and not row["backend"].startswith(("dense", PEER_PREFIX))]
     best_sparse = min(sparse, key=lambda row: row["median_ms"], default=None)
     used = None if best_sparse is None else efficiency(best_sparse)
     cells.append("—" if used is None else f"{100 * used:.3g}%")
