@@ -315,3 +315,21 @@ def test_bench_model_tiles_pattern_labels_rows_and_hands_tiles_to_blocks():
                        modes=("eager",), progress=False, timing=FAST)
     assert {row["pattern"] for row in rows} == {"tiles16-random"}
     assert rows[1]["rel_err"] < 1e-5
+
+
+def test_a_config_the_backend_refuses_for_this_weight_is_skipped_with_a_note(monkeypatch, capsys):
+    from sparsecnn.bench import layers as bench_layers_module
+
+    real = bench_layers_module._backend_fn
+
+    def refuse_direct(backend, layer, dtype, config):
+        if backend.name == "direct":
+            raise ValueError("235929 non-zeros exceed the kernel's 60000")
+        return real(backend, layer, dtype, config)
+
+    monkeypatch.setattr(bench_layers_module, "_backend_fn", refuse_direct)
+    rows = bench_layers(SPECS[:1], suite="tiny", sparsity=0.5, pattern="random", dtype="fp32",
+                        backends=["direct", "dense"], device="cpu", timing=FAST, progress=False)
+    assert {row["backend"] for row in rows} == {"cudnn", "dense"}  # the run went on past the refusal
+    printed = capsys.readouterr()
+    assert "direct" in printed.out + printed.err and "non-zeros exceed" in printed.out + printed.err

@@ -211,8 +211,12 @@ def _backend_rows(backend: Backend, layer: _Layer, run: _Run) -> List[Dict[str, 
         configs = [backend.default_config(layer.spec, stored)]
     rows = []
     for config in configs:
-        stats = _try_measure(lambda: _backend_fn(backend, layer, run.dtype, config), layer, run, run.dtype,
-                             backend.name)
+        try:
+            fn = _backend_fn(backend, layer, run.dtype, config)
+        except ValueError as error:  # refused for this weight (e.g. too many non-zeros), as the tuner drops it
+            run.note(f"{layer.name}: {backend.name} {config} skipped: {error}")
+            continue
+        stats = _try_measure(lambda: fn, layer, run, run.dtype, backend.name)
         if stats is not None:
             rows.append(_row(layer, run, backend.name, run.dtype, config_to_dict(config), stats))
     return rows
