@@ -58,7 +58,6 @@ import dataclasses
 import json
 import math
 import statistics
-import sys
 import time
 import types
 import zlib
@@ -66,11 +65,25 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from figure_script import (
+    add_measuring_options,
+    measuring_device,
+    note,
+    plot_or_note,
+    run_rows,
+    timing,
+)
 
 from sparsecnn.backends import backend_names, get_backend
 from sparsecnn.bench import bench_layers, write_jsonl
 from sparsecnn.bench.env import environment, new_run_id
-from sparsecnn.bench.layers import free_memory, is_out_of_memory, measure, precision, round_to
+from sparsecnn.bench.layers import (
+    free_memory,
+    is_out_of_memory,
+    measure,
+    precision,
+    round_to,
+)
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
 from sparsecnn.bench.schema import DTYPES, FIELDS, torch_dtype
@@ -90,10 +103,6 @@ CANDIDATE_KEYS = ("backend", "config", "median_ms", "rel_err")
 SMOKE_LAYERS = ("lenet-conv1", "alexnet-conv3")
 SMOKE_HW = 8
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def our_backends() -> List[str]:
@@ -412,21 +421,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--backends", default=None, help="comma-separated sparse backends (default: all of ours)")
     parser.add_argument("--layers", default=None, help="comma-separated subset of the dong suite")
     parser.add_argument("--configs", choices=("auto", "default", "all", "refine"), default="auto")
-    parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    parser.add_argument("--mode", choices=("gpu", "eager"), default="gpu",
-                        help="gpu: GPU time alone (launch overhead hidden, as bench layers --mode gpu)")
-    parser.add_argument("--warmup-ms", type=float, default=10.0)
-    parser.add_argument("--rep-ms", type=float, default=40.0)
-    parser.add_argument("--max-rep", type=int, default=100,
-                        help="most timed repeats per measurement (each follows a 256 MB L2 flush on CUDA)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budget-s", type=float, default=None, help="start no layer after this many seconds")
+    add_measuring_options(parser, "layer")
     parser.add_argument("--raw", default=None, help="also append every measurement as schema rows here")
-    parser.add_argument("--plot", default=None, help="PNG of grouped bars per layer (needs matplotlib)")
     parser.add_argument("--no-prefetch", action="store_true", help="compile/extract per candidate, not ahead")
-    parser.add_argument("--smoke", action="store_true", help="tiny CPU-checkable run (see the docstring)")
-    parser.add_argument("--replot", action="store_true", help="no measuring: report (and --plot) OUT's rows")
-    parser.add_argument("--run", default=None, help="with --replot: the run to show (default: the last one)")
     args = parser.parse_args(argv)
     if not args.replot and (args.batch is None or args.dtype is None):
         parser.error("N and DTYPE are required unless --replot")
@@ -434,12 +431,7 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def _replot(args) -> None:
-    with open(args.out) as f:
-        rows = [row for row in map(json.loads, filter(str.strip, f)) if row.get("kind") == KIND]
-    if not rows:
-        raise SystemExit(f"{args.out}: no {KIND} rows")
-    run = args.run or rows[-1]["run"]
-    rows = [row for row in rows if row["run"] == run]
+    rows = run_rows(args.out, KIND, args.run)
     print(report(rows))
     if args.plot:
         plot(rows, args.plot)
@@ -449,18 +441,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = _parse(argv)
     if args.replot:
         return _replot(args)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type != "cuda" and args.dtype != "fp32":
-        raise SystemExit("on CPU only fp32 runs (no TF32, no half-precision baseline)")
+    device = measuring_device(args)
     backends = args.backends.split(",") if args.backends else our_backends()
     for name in backends:
         get_backend(name)  # unknown names fail now
-    smoke = args.smoke
-    timing = ({"warmup_ms": 0.0, "rep_ms": 0.0, "min_rep": 1} if smoke else
-              {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "max_rep": args.max_rep})
+    measured = timing(args)
     base = {"run": new_run_id(), **environment(device), "suite": SUITE, "model": None, "mode": args.mode}
     ctx = Context(base, args.dtype, device, args.seed, args.mode,
-                  {**timing, "hide_launch": args.mode == "gpu" and device.type == "cuda"}, timing,
+                  {**measured, "hide_launch": args.mode == "gpu" and device.type == "cuda"}, measured,
                   measure_ceilings(device), backends, args.configs)
     specs = _specs(args)
     print(f"run {base['run']}: {len(specs)} layers, N={args.batch}, {args.dtype}, backends {','.join(backends)}, "
@@ -485,10 +473,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(report(rows))
     print(f"{len(rows)} rows appended to {args.out}")
     if args.plot and rows:
-        try:
-            plot(rows, args.plot)
-        except ImportError as error:  # the rows are written: plot them elsewhere with --replot
-            note(f"no plot ({error}): run with --replot --plot where matplotlib is installed")
+        plot_or_note(plot, rows, args.plot)
 
 
 if __name__ == "__main__":

@@ -47,18 +47,31 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
 import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from figure_script import (
+    add_measuring_options,
+    measuring_device,
+    note,
+    plot_or_note,
+    run_rows,
+    timing,
+)
 
 from sparsecnn.backends import config_to_dict, get_backend
 from sparsecnn.backends.blocks.extraction import provide_blocks
 from sparsecnn.bench.env import environment, new_run_id
-from sparsecnn.bench.layers import free_memory, is_out_of_memory, measure, precision, round_to
+from sparsecnn.bench.layers import (
+    free_memory,
+    is_out_of_memory,
+    measure,
+    precision,
+    round_to,
+)
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
 from sparsecnn.bench.schema import DTYPES, FIELDS, torch_dtype
 from sparsecnn.core.reference import reference_conv
@@ -71,10 +84,6 @@ SMOKE_KS = "1,2,3,16,17,31,32,33"
 TILE_ROWS = (16, 32, 64, 128)
 PERIOD = 32
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def parse_ks(text: str) -> List[int]:
@@ -328,20 +337,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--channels", type=int, default=None, help="input channels C (default 64; --smoke: 4)")
     parser.add_argument("--padding", default="same", help="'same' (R // 2) or an int")
     parser.add_argument("--configs", choices=("default", "tiles", "all"), default="default")
-    parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
-    parser.add_argument("--mode", choices=("gpu", "eager"), default="gpu",
-                        help="gpu: GPU time alone (launch overhead hidden, as bench layers --mode gpu)")
-    parser.add_argument("--warmup-ms", type=float, default=10.0)
-    parser.add_argument("--rep-ms", type=float, default=40.0)
-    parser.add_argument("--max-rep", type=int, default=100,
-                        help="most timed repeats per measurement (each follows a 256 MB L2 flush on CUDA)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budget-s", type=float, default=None, help="start no K after this many seconds")
+    add_measuring_options(parser, "K")
     parser.add_argument("--linear-tol", type=float, default=0.1, help="largest relative deviation called linear")
-    parser.add_argument("--plot", default=None, help="PNG of time against K (needs matplotlib)")
-    parser.add_argument("--smoke", action="store_true", help="tiny CPU-checkable run (see the docstring)")
-    parser.add_argument("--replot", action="store_true", help="no measuring: report (and --plot) OUT's rows")
-    parser.add_argument("--run", default=None, help="with --replot: the run to show (default: the last one)")
     args = parser.parse_args(argv)
     smoke = args.smoke
     args.ks = args.ks or (SMOKE_KS if smoke else DEFAULT_KS)
@@ -352,12 +349,7 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def _replot(args) -> None:
-    with open(args.out) as f:
-        rows = [row for row in map(json.loads, filter(str.strip, f)) if row.get("kind") == KIND]
-    if not rows:
-        raise SystemExit(f"{args.out}: no {KIND} rows")
-    run = args.run or rows[-1]["run"]
-    rows = [row for row in rows if row["run"] == run]
+    rows = run_rows(args.out, KIND, args.run)
     print(report(rows, args.linear_tol))
     if args.plot:
         plot(rows, args.plot)
@@ -367,20 +359,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = _parse(argv)
     if args.replot:
         return _replot(args)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type != "cuda" and args.dtype != "fp32":
-        raise SystemExit("on CPU only fp32 runs")
+    device = measuring_device(args)
     why = get_backend("blocks").unsupported_reason(ConvSpec(1, 1, 1, 1, 1, 1, 1), torch_dtype(args.dtype), device.type)
     if why is not None:
         raise SystemExit(f"{why} (on CPU its Triton kernel runs in the interpreter: TRITON_INTERPRET=1)")
     ks = parse_ks(args.ks)
     sizes = [int(r) for r in args.kernel_sizes.split(",")]
-    timing = ({"warmup_ms": 0.0, "rep_ms": 0.0, "min_rep": 1} if args.smoke else
-              {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "max_rep": args.max_rep})
-    timing["hide_launch"] = args.mode == "gpu" and device.type == "cuda"
+    measured = {**timing(args), "hide_launch": args.mode == "gpu" and device.type == "cuda"}
     base = {"run": new_run_id(), "kind": "layer", **environment(device), "suite": SUITE, "model": None,
             "mode": args.mode}
-    ctx = Context(base, args.dtype, device, timing, measure_ceilings(device), args.configs)
+    ctx = Context(base, args.dtype, device, measured, measure_ceilings(device), args.configs)
     print(f"run {base['run']}: kernel sizes {sizes}, {len(ks)} K values from {ks[0]} to {ks[-1]}, N={args.batch}, "
           f"C={args.channels}, {args.size}x{args.size}, {args.dtype}, blocks configs {args.configs}, {device}",
           flush=True)
@@ -394,10 +382,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(report(rows, args.linear_tol))
     print(f"{len(rows)} rows appended to {args.out}")
     if args.plot and rows:
-        try:
-            plot(rows, args.plot)
-        except ImportError as error:  # the rows are written: plot them elsewhere with --replot
-            note(f"no plot ({error}): run with --replot --plot where matplotlib is installed")
+        plot_or_note(plot, rows, args.plot)
 
 
 if __name__ == "__main__":

@@ -1,32 +1,19 @@
 """`benchmarks/dong_fig9.py` (Dong Sec. 3.3 / Fig. 9) in its CPU smoke mode: the script run as a user
 runs it (a fresh interpreter, Triton in its interpreter), its rows checked (structured shapes, the
 fastest sparse candidate, errors, the schema), and its pure parts on the real dong suite."""
-import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
-from helpers.common import ROOT, SRC, needs
+from helpers.common import needs
+from helpers.scripts import run_script, script_module
 
 from sparsecnn.bench.schema import FIELDS, read_jsonl, validate_row
 from sparsecnn.layers.suites import get_suite
 
-SCRIPT = ROOT / "benchmarks" / "dong_fig9.py"
-
-
-def _script_module():
-    spec = importlib.util.spec_from_file_location("dong_fig9", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_structured_shapes_follow_the_paper_on_the_dong_suite():
-    fig9 = _script_module()
+    fig9 = script_module("dong_fig9")
     for spec in get_suite("dong", batch=64):
         shapes = fig9.structured_shapes(spec)
         # the paper skips PC on exactly its three layers of 1 or 3 input channels; Both is then PF
@@ -41,20 +28,12 @@ def test_structured_shapes_follow_the_paper_on_the_dong_suite():
     assert not {"dense", "dense-tf32", "im2col-cublas", "im2col-cusparse"} & set(fig9.our_backends())
 
 
-def _run(tmp_path, *args, timeout_s=120):
-    env = {**os.environ, "PYTHONPATH": SRC, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=timeout_s, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 @needs("triton")
 def test_smoke_run_on_cpu(tmp_path):
     out, raw, png = tmp_path / "fig9.jsonl", tmp_path / "raw.jsonl", tmp_path / "fig9.png"
     # codegen does not run on the CPU: left out with a note; blocks in Triton's interpreter;
     # im2col-cusparse: a second CPU backend, so the fastest of several is picked
-    done = _run(tmp_path, out, 1, "fp32", "--device", "cpu", "--smoke", "--configs", "refine",
+    done = run_script("dong_fig9", tmp_path, out, 1, "fp32", "--device", "cpu", "--smoke", "--configs", "refine",
                 "--backends", "blocks,im2col-cusparse,codegen", "--raw", raw, "--plot", png)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     full = {spec.name: spec for spec in get_suite("dong", batch=1)}
@@ -103,12 +82,12 @@ def test_smoke_run_on_cpu(tmp_path):
     assert "codegen skipped: codegen does not run on cpu" in done.stdout + done.stderr
     assert "PC  : geomean" in done.stdout and "(paper: 1.5x)" in done.stdout  # Both at N=1
     assert png.stat().st_size > 0
-    replot = _run(tmp_path, out, "--replot")
+    replot = run_script("dong_fig9", tmp_path, out, "--replot")
     assert f"(run {run})" in replot.stdout and "PF  : geomean" in replot.stdout
 
 
 def test_report_compares_with_the_paper():
-    fig9 = _script_module()
+    fig9 = script_module("dong_fig9")
 
     def row(layer, variant, role, ms):
         return {"run": "r", "device": "d", "N": 64, "dtype": "fp32", "mode": "gpu", "layer": layer, "variant": variant,

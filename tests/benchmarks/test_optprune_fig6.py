@@ -1,42 +1,21 @@
 """`benchmarks/optprune_fig6.py` (OptPrune Sec. 4.2 / Fig. 6) in its CPU smoke mode: the script run
 as a user runs it (a fresh interpreter, Triton in its interpreter), its rows checked (K values, one
 given dense block, tiles, errors, the schema), and its analysis on made-up curves."""
-import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
-from helpers.common import ROOT, SRC, needs
+from helpers.common import needs
+from helpers.scripts import run_script, script_module
 
 from sparsecnn.bench.schema import FIELDS, validate_row
-
-SCRIPT = ROOT / "benchmarks" / "optprune_fig6.py"
-
-
-def _script_module():
-    spec = importlib.util.spec_from_file_location("optprune_fig6", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
-
-
-def _run(tmp_path, *args, timeout_s=120):
-    env = {**os.environ, "PYTHONPATH": SRC, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=timeout_s, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
 
 
 @needs("triton")
 def test_smoke_run_on_cpu(tmp_path):
     out, png = tmp_path / "fig6.jsonl", tmp_path / "fig6.png"
     ks = [1, 2, 3, 16, 17, 31, 32, 33]
-    done = _run(tmp_path, out, "--device", "cpu", "--smoke", "--configs", "tiles", "--kernel-sizes", "3,1",
+    done = run_script("optprune_fig6", tmp_path, out, "--device", "cpu", "--smoke", "--configs", "tiles", "--kernel-sizes", "3,1",
                 "--plot", png)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 * len(ks) * 2  # two kernel sizes, every K, cuDNN and blocks
@@ -64,12 +43,12 @@ def test_smoke_run_on_cpu(tmp_path):
         assert row["tiles"] == math.ceil(row["K"] / row["config"]["block_m"])  # one block: no remainder tiles
     assert "fit t =" in done.stdout and "at multiples of 32: 32->33" in done.stdout
     assert png.stat().st_size > 0
-    replot = _run(tmp_path, out, "--replot")
+    replot = run_script("optprune_fig6", tmp_path, out, "--replot")
     assert "k1-c4-h6-n1 blocks: 8 K values" in replot.stdout
 
 
 def test_k_values_and_their_order():
-    fig6 = _script_module()
+    fig6 = script_module("optprune_fig6")
     assert fig6.parse_ks("1-4,8-20:4, 7,3") == [1, 2, 3, 4, 7, 8, 12, 16, 20]
     default = fig6.parse_ks(fig6.DEFAULT_KS)
     assert default[:65] == list(range(1, 66)) and default[-1] == 256
@@ -84,7 +63,7 @@ def test_k_values_and_their_order():
 
 
 def test_analysis_tells_a_line_from_steps_at_32():
-    fig6 = _script_module()
+    fig6 = script_module("optprune_fig6")
     ks = list(range(1, 100))
     line = {k: 0.5 + 0.01 * k for k in ks}
     stepped = {k: 1.0 + math.ceil(k / 32) for k in ks}  # cuDNN-like: jumps 1.5x, 1.33x, 1.25x at 33, 65, 97
