@@ -4,10 +4,14 @@ BatchNorm statistics calibrated on random inputs (`pruned`),
 defaults (TF32 convs for fp32; fp16 channels_last), called eagerly and under a CUDA graph.
 
 Usage (GPU machine, a script without a `__main__` guard on purpose):
-    python benchmarks/torchvision_table.py OUT.jsonl BUDGET_S MODEL:DTYPE:BATCH ...
+    python benchmarks/torchvision_table.py OUT.jsonl BUDGET_S MODEL:DTYPE:BATCH[:max-autotune] ...
 One JSON line per (model, dtype, batch, variant, mode): the results schema of ARCHITECTURE.md with
 backend "cudnn" (the dense model as given) or "auto" (ours), mode "eager" or "cudagraph", rel_err
 against the dense masked model in fp64, and config {"policy", "tune_s", "kept", "sparse_layers"}.
+A cell ending in ":max-autotune" also times the model as given under `torch.compile(mode=
+"max-autotune")` (which replays CUDA graphs itself): backend "inductor", mode "eager" (plain calls)
+and "cudagraph" (the same calls, GPU time alone), config {"compile_mode", "compile_s"} (the first
+call's seconds; `scripts/warm_dense_compile.py --torchvision` fills inductor's caches ahead).
 A model is started only while BUDGET_S seconds have not passed since the script began.
 """
 import copy
@@ -74,7 +78,22 @@ def row(name, dtype, batch, backend, mode, stats, err, config):
             "rel_err": err, "floor_ms": None}
 
 
-def cell(name, dtype, batch):
+def max_autotune_rows(name, dtype, batch, given, x, ref):
+    """The model as given under torch.compile max-autotune, timed as `timed` times ours."""
+    compiled = torch.compile(given, mode="max-autotune")
+    with torch.no_grad():
+        start = time.perf_counter()
+        output = compiled(x)
+        torch.cuda.synchronize()
+        config = {"compile_mode": "max-autotune", "compile_s": round(time.perf_counter() - start, 1)}
+        err = relative_error(output, ref)
+        stats = {"eager": eager_benchmark(lambda: compiled(x), DEVICE),
+                 "cudagraph": benchmark(lambda: compiled(x), DEVICE)}
+    torch._dynamo.reset()  # its CUDA graphs and their memory pool go before ours are captured
+    return [row(name, dtype, batch, "inductor", mode, stats[mode], err, config) for mode in stats]
+
+
+def cell(name, dtype, batch, max_autotune):
     stored = DTYPES[dtype]
     layout = torch.channels_last if dtype == "fp16" else torch.contiguous_format
     model = pruned(name)
@@ -85,6 +104,8 @@ def cell(name, dtype, batch):
     given = copy.deepcopy(model).to(DEVICE, stored).to(memory_format=layout)
     rows = [row(name, dtype, batch, "cudnn", mode, stats, err, None)
             for mode, (stats, err) in timed(given, x, ref).items()]
+    if max_autotune:
+        rows += max_autotune_rows(name, dtype, batch, given, x, ref)
     del given
     start = time.perf_counter()
     ours = copy.deepcopy(model).to(DEVICE, stored).to(memory_format=layout)
@@ -110,17 +131,21 @@ with open(OUT, "a") as out:
         if time.time() - START > BUDGET_S:
             print(f"budget spent: {spec} not started")
             continue
-        name, dtype, batch = spec.split(":")
+        name, dtype, batch, *extra = spec.split(":")
+        if extra not in ([], ["max-autotune"]):
+            raise ValueError(f"cell {spec!r}: expected MODEL:DTYPE:BATCH[:max-autotune]")
         try:
-            rows = cell(name, dtype, int(batch))
+            rows = cell(name, dtype, int(batch), extra == ["max-autotune"])
         except Exception as error:  # noqa: BLE001  (one model failing must not lose the others' rows)
             print(f"{spec}: FAILED {type(error).__name__}: {error}")
             continue
         for result in rows:
             out.write(json.dumps(result) + "\n")
         out.flush()
-        dense = {r["mode"]: r["median_ms"] for r in rows if r["backend"] == "cudnn"}
         ours_ms = {r["mode"]: r["median_ms"] for r in rows if r["backend"] == "auto"}
-        print(f"{spec}: " + ", ".join(f"{mode} {dense[mode] / ours_ms[mode]:.2f}x ({ours_ms[mode]:.3f} ms vs "
-                                      f"{dense[mode]:.3f})" for mode in dense)
-              + f"; {rows[-1]['config']} [{time.time() - START:.0f} s]", flush=True)
+        for baseline in ("cudnn", "inductor"):
+            dense = {r["mode"]: r["median_ms"] for r in rows if r["backend"] == baseline}
+            print(f"{spec} vs {baseline}: " + ", ".join(
+                f"{mode} {dense[mode] / ours_ms[mode]:.2f}x ({ours_ms[mode]:.3f} ms vs {dense[mode]:.3f})"
+                for mode in dense), flush=True)
+        print(f"{spec}: {rows[-1]['config']} [{time.time() - START:.0f} s]", flush=True)

@@ -9,17 +9,20 @@ D compiles from the cache. The model is built as `bench model` builds its dense 
 layout, batch and TF32 flags), so the graphs and their cache keys match; pruning does not change the
 graph.
 
-`--part I/N` spreads the work over N processes (run them at once, I = 0..N-1): process I compiles
-only the top-level children of the model holding convolutions whose rank among them is I mod N,
-each on the input it receives in the model (recorded in one eager pass), so each conv shape is
-autotuned once in all. The processes share the GPU while they benchmark, so their timings are
-noisier than one process's: a choice may be worse than the one a lone process would make.
+`--part I/N` spreads the work over N processes (run them at once, I = 0..N-1): the model is cut
+into about N units holding convolutions (`conv_units`), dealt to the parts by convolution count,
+and process I compiles its units, each on the input it receives in the model (recorded in one
+eager pass), so each conv shape is autotuned about once in all. The processes share the GPU while
+they benchmark, so their timings are noisier than one process's: a choice may be worse than the
+one a lone process would make.
 
     python scripts/warm_dense_compile.py resnet50 --batch 32 --dtype fp32 [--mode max-autotune] [--part 0/4]
+    python scripts/warm_dense_compile.py mobilenet_v2 --torchvision --batch 32 --dtype fp16 --part 0/8
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from typing import Dict, List, Tuple
 
@@ -42,27 +45,77 @@ def parse_part(text: str) -> Tuple[int, int]:
     return index, count
 
 
-def conv_children_inputs(model: nn.Module, x: torch.Tensor) -> List[Tuple[str, nn.Module, torch.Tensor]]:
-    """(name, child, the input it receives) of every top-level child holding a convolution, model order."""
-    inputs: Dict[str, torch.Tensor] = {}
-    children = [(name, child) for name, child in model.named_children()
-                if any(isinstance(module, (nn.Conv1d, nn.Conv2d)) for module in child.modules())]
-    hooks = [child.register_forward_pre_hook(lambda module, args, name=name: inputs.setdefault(name, args[0]))
-             for name, child in children]
+def conv_count(module: nn.Module) -> int:
+    return sum(isinstance(inner, (nn.Conv1d, nn.Conv2d)) for inner in module.modules())
+
+
+def conv_units(model: nn.Module, count: int) -> List[Tuple[str, nn.Module]]:
+    """Modules holding the model's convolutions, to compile apart: starting from the model, the unit
+    with the most convolutions is replaced by its children that hold any, until there are `count`
+    units or none can be split (torchvision's mobilenet_v2 or vgg16_bn keep every conv in one
+    `features` child, so top-level children alone would leave one part)."""
+    units = [("", model)]
+    while len(units) < count:
+        splittable = [(conv_count(module), index) for index, (_, module) in enumerate(units)
+                      if sum(conv_count(child) > 0 for child in module.children()) > 0 and conv_count(module) > 1]
+        if not splittable:
+            break
+        _, index = max(splittable)
+        prefix, module = units.pop(index)
+        units[index:index] = [(f"{prefix}.{name}".lstrip("."), child) for name, child in module.named_children()
+                              if conv_count(child) > 0]
+    return units
+
+
+def unit_inputs(model: nn.Module, x: torch.Tensor, units: List[Tuple[str, nn.Module]]) -> Dict[str, tuple]:
+    """{unit name: the positional arguments of its first call} in one eager pass (units never called,
+    e.g. GoogLeNet's auxiliary heads in eval mode, are absent)."""
+    inputs: Dict[str, tuple] = {}
+    hooks = [module.register_forward_pre_hook(lambda _, args, name=name: inputs.setdefault(name, args))
+             for name, module in units]
     with torch.no_grad():
         model(x)
     for hook in hooks:
         hook.remove()
-    return [(name, child, inputs[name]) for name, child in children if name in inputs]
+    return inputs
 
 
-def compile_and_run(module: nn.Module, x: torch.Tensor, mode: str) -> float:
-    """Seconds to compile `module` in `mode` and run it once on x."""
+def assigned_units(model: nn.Module, x: torch.Tensor, index: int,
+                   count: int) -> List[Tuple[str, nn.Module, tuple]]:
+    """Part `index` of `count`: units dealt largest first to the part with the fewest convolutions."""
+    units = conv_units(model, count)
+    inputs = unit_inputs(model, x, units)
+    loads = [0] * count
+    mine = []
+    for name, module in sorted(units, key=lambda unit: -conv_count(unit[1])):
+        part = loads.index(min(loads))
+        loads[part] += conv_count(module)
+        if part == index and name in inputs:
+            mine.append((name, module, inputs[name]))
+    return mine
+
+
+def compile_and_run(module: nn.Module, args: tuple, mode: str) -> float:
+    """Seconds to compile `module` in `mode` and run it once on args."""
     start = time.perf_counter()
     with torch.no_grad():
-        torch.compile(module, mode=mode)(x)
+        torch.compile(module, mode=mode)(*args)
         torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def built(args: argparse.Namespace) -> Tuple[nn.Module, torch.Tensor]:
+    """(the dense model as the benchmark times it, its input) on the GPU."""
+    stored = torch_dtype(args.dtype)
+    layout = torch.channels_last if stored in (torch.float16, torch.bfloat16) else torch.contiguous_format
+    if args.torchvision:
+        import torchvision
+
+        model, shape = torchvision.models.get_model(args.model, weights=None), (3, 224, 224)
+    else:
+        model, shape = build_model(args.model), default_input_shape(args.model)
+    model = model.eval().to("cuda", dtype=stored, memory_format=layout)
+    return model, torch.randn(args.batch, *shape, device="cuda").to(stored, memory_format=layout)
 
 
 def main() -> None:
@@ -72,21 +125,20 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--mode", default="max-autotune")
     parser.add_argument("--part", type=parse_part, default=None, help="I/N: this process's share of N")
+    parser.add_argument("--torchvision", action="store_true",
+                        help="a torchvision model (224x224 inputs) at PyTorch's flags, as "
+                             "benchmarks/torchvision_table.py times it; else our zoo's, under bench's flags")
     args = parser.parse_args()
-    stored = torch_dtype(args.dtype)
-    layout = torch.channels_last if stored in (torch.float16, torch.bfloat16) else torch.contiguous_format
-    model = build_model(args.model).eval().to("cuda", dtype=stored, memory_format=layout)
-    x = torch.randn(args.batch, *default_input_shape(args.model), device="cuda").to(stored, memory_format=layout)
+    model, x = built(args)
     label = f"{args.model} N={args.batch} {args.dtype} mode={args.mode}"
-    with precision(args.dtype):
+    flags = contextlib.nullcontext() if args.torchvision else precision(args.dtype)
+    with flags:
         if args.part is None:
-            print(f"compiled {label} in {compile_and_run(model, x, args.mode):.1f} s", flush=True)
+            print(f"compiled {label} in {compile_and_run(model, (x,), args.mode):.1f} s", flush=True)
             return
-        index, count = args.part
-        for rank, (name, child, child_x) in enumerate(conv_children_inputs(model, x)):
-            if rank % count == index:
-                print(f"compiled {label} child {name} in {compile_and_run(child, child_x, args.mode):.1f} s",
-                      flush=True)
+        for name, unit, unit_args in assigned_units(model, x, *args.part):
+            print(f"compiled {label} unit {name} in {compile_and_run(unit, unit_args, args.mode):.1f} s",
+                  flush=True)
 
 
 if __name__ == "__main__":
