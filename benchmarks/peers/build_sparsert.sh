@@ -42,29 +42,19 @@ PTXAS=$(command -v "${PTXAS:-ptxas}")
 PYTHON=$(command -v "${PYTHON:-python3}")
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+# shellcheck source=peer_source.sh
+source "$HERE/peer_source.sh"
 
 build=$(realpath -m "$PEERS_DIR/sparsert-${COMMIT:0:12}-sm_$ARCH")
 src=$build/src
-case "$build/" in
-"$REPO"/*) echo "build_sparsert.sh: PEERS_DIR must lie outside the repository ($REPO)" >&2; exit 2 ;;
-esac
+refuse_inside_repo build_sparsert.sh "$build" "$REPO"
 
-# git archive reads a local git directory at any commit; a URL is cloned first (needs network).
-git_dir() {
-    if git --git-dir="$1" rev-parse --git-dir >/dev/null 2>&1; then
-        echo "$1"
-    elif git -C "$1" rev-parse --git-dir >/dev/null 2>&1; then
-        git -C "$1" rev-parse --absolute-git-dir
-    else
-        git clone --quiet --bare "$1" "$build/clone.git" && echo "$build/clone.git"
-    fi
-}
 
 mkdir -p "$build"
 stamp="$COMMIT $ARCH $NVCC"
 if [ ! -f "$src/.stamp" ] || [ "$(cat "$src/.stamp")" != "$stamp" ]; then
     rm -rf "$src" && mkdir -p "$src"
-    gd=$(git_dir "$SOURCE")
+    gd=$(git_dir "$SOURCE" "$build")
     # Only LICENSE and the generator, read as subtrees: the repository's large .npy blobs are not
     # needed (and are missing from some mirrors, which a whole-tree archive would trip on).
     git --git-dir="$gd" archive --prefix=sparsednn/ "$COMMIT:sparsednn" | tar -x -C "$src"

@@ -23,28 +23,18 @@ ARCH=${SPUTNIK_ARCH:-90}
 NVCC=${NVCC:-nvcc}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+# shellcheck source=peer_source.sh
+source "$HERE/peer_source.sh"
 
 build=$PEERS_DIR/sputnik-${COMMIT:0:12}
 src=$build/src
-case "$(realpath -m "$build")/" in
-"$REPO"/*) echo "build_sputnik.sh: PEERS_DIR must lie outside the repository ($REPO)" >&2; exit 2 ;;
-esac
+refuse_inside_repo build_sputnik.sh "$build" "$REPO"
 
-# git archive reads a local git directory at any commit; a URL is cloned first (needs network).
-git_dir() {
-    if git --git-dir="$1" rev-parse --git-dir >/dev/null 2>&1; then
-        echo "$1"
-    elif git -C "$1" rev-parse --git-dir >/dev/null 2>&1; then
-        git -C "$1" rev-parse --absolute-git-dir
-    else
-        git clone --quiet --bare "$1" "$build/clone.git" && echo "$build/clone.git"
-    fi
-}
 
 mkdir -p "$build"
 if [ ! -f "$src/.commit" ] || [ "$(cat "$src/.commit")" != "$COMMIT" ]; then
     rm -rf "$src" && mkdir -p "$src"
-    gd=$(git_dir "$SOURCE")
+    gd=$(git_dir "$SOURCE" "$build")
     git --git-dir="$gd" archive "$COMMIT" LICENSE sputnik | tar -x -C "$src"
     echo "$COMMIT" >"$src/.commit"
 fi
