@@ -33,6 +33,8 @@ CASES = [
     (settings.COMMIT, settings.commit, "abc1234", "abc1234", None),
     (settings.SPUTNIK_LIB, settings.sputnik_lib, "~/peers/libsputnik_spmm.so", HOME / "peers/libsputnik_spmm.so",
      None),
+    (settings.SPARSERT_COMPILE, settings.sparsert_compile, "~/peers/sparsert_compile.py",
+     HOME / "peers/sparsert_compile.py", None),
 ]
 BAD = [
     (settings.CODEGEN_LOADER, settings.codegen_loader, "nvrtc", "must be one of"),

@@ -59,10 +59,13 @@ COMMIT = Setting("SPARSECNN_COMMIT", "str", "git rev-parse --short HEAD of the p
 SPUTNIK_LIB = Setting("SPARSECNN_SPUTNIK_LIB", "path", "none",
                       "libsputnik_spmm.so for `sparsecnn bench layers --peers sputnik` "
                       "(built by benchmarks/peers/build_sputnik.sh)")
+SPARSERT_COMPILE = Setting("SPARSECNN_SPARSERT_COMPILE", "path", "none",
+                           "sparsert_compile.py for `sparsecnn bench layers --peers sparsert` "
+                           "(made by benchmarks/peers/build_sparsert.sh)")
 
 SETTINGS: Tuple[Setting, ...] = (CACHE_DIR, CACHE, CODEGEN_LOADER, NVCC, PTXAS, MAX_PTX_ISA, FAST_LAUNCH,
                                   UNROLLED_MAX_NNZ, BLOCKS_WORKERS, CODEGEN_WORKERS, UNROLLED_WORKERS,
-                                  DLMC, COMMIT, SPUTNIK_LIB)
+                                  DLMC, COMMIT, SPUTNIK_LIB, SPARSERT_COMPILE)
 
 
 def describe() -> Tuple[Setting, ...]:
@@ -190,3 +193,9 @@ def sputnik_lib() -> Optional[Path]:
     """$SPARSECNN_SPUTNIK_LIB (path; default None: the Sputnik peer cannot run): the shared library
     benchmarks/peers/build_sputnik.sh builds, loaded by `bench layers --peers sputnik`."""
     return _path(SPUTNIK_LIB)
+
+
+def sparsert_compile() -> Optional[Path]:
+    """$SPARSECNN_SPARSERT_COMPILE (path; default None: the SparseRT peer cannot run): the
+    sparsert_compile.py benchmarks/peers/build_sparsert.sh makes, run by `bench layers --peers sparsert`."""
+    return _path(SPARSERT_COMPILE)
