@@ -360,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "eager: launch overhead included")
     bench_layers.add_argument("--peers", default=None,
                               help="comma-separated peer systems timed beside (rows 'peer:<variant>'), from the "
-                                   "checkout's benchmarks/peers, e.g. sputnik (needs SPARSECNN_SPUTNIK_LIB)")
+                                   "checkout's benchmarks/peers: sputnik (needs SPARSECNN_SPUTNIK_LIB), sparsert "
+                                   "(needs SPARSECNN_SPARSERT_COMPILE)")
     bench_layers.add_argument("--warmup-ms", type=float, default=25.0, help="warm-up time per measurement")
     bench_layers.add_argument("--rep-ms", type=float, default=100.0, help="timed repeats per measurement (ms)")
     _add_common(bench_layers, None)
