@@ -1,0 +1,86 @@
+"""benchmarks/peers_summary.py: our fastest backend per layer against each peer variant, and the
+headline entries it writes, recomputed as tests/benchmarks/test_headline.py recomputes every entry."""
+import json
+
+import pytest
+from helpers.scripts import run_script, script_module
+from test_headline import layer_geomean
+
+summary = script_module("peers_summary")
+ENV = {"device": "NVIDIA H200", "commit": "abc1234", "torch": "2.11", "cudnn": 91900, "triton": "3.6.0",
+       "driver": "580"}
+
+
+def _row(run, date, layer, backend, dtype, ms, n=1):
+    return {**ENV, "run": run, "date": date, "kind": "layer", "suite": "resnet50", "layer": layer, "N": n,
+            "dtype": dtype, "sparsity": 0.9, "pattern": "dlmc-magnitude_pruning", "backend": backend,
+            "config": {"part": "conv"} if backend.startswith("peer:") else None, "median_ms": ms}
+
+
+def _run(run="r1", date="2026-11-26T10:00:00Z", scale=1.0):
+    """Two layers: ours = the faster of unrolled and codegen; cuDNN at fp32 and tf32; two peer variants."""
+    rows = []
+    for layer, unrolled, codegen, peer, kernel in (("a", 2.0, 4.0, 1.0, 0.5), ("b", 9.0, 3.0, 6.0, 3.0)):
+        rows += [_row(run, date, layer, "cudnn", "fp32", 5.0), _row(run, date, layer, "cudnn", "tf32", 2.5),
+                 _row(run, date, layer, "unrolled", "fp32", unrolled * scale),
+                 _row(run, date, layer, "codegen", "fp32", codegen * scale),
+                 _row(run, date, layer, "peer:sparsert", "fp32", peer),
+                 _row(run, date, layer, "peer:sparsert-kernel", "fp32", kernel)]
+    return rows
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _headline(tmp_path, entries=()):
+    path = tmp_path / "headline.json"
+    path.write_text(json.dumps({"entries": list(entries)}))
+    return path
+
+
+def test_ours_is_the_fastest_of_our_backends_per_layer():
+    layers = summary.layer_table(_run(), "fp32")
+    assert {layer: slot["ours"]["backend"] for layer, slot in layers.items()} == {"a": "unrolled", "b": "codegen"}
+    assert layers["a"]["cudnn"]["dtype"] == "fp32"  # cuDNN at the peers' dtype, not TF32's row
+    assert summary.speedups(layers, "peer:sparsert") == pytest.approx([1.0 / 2.0, 6.0 / 3.0])
+
+
+def test_two_rows_of_one_peer_for_a_layer_are_refused():
+    rows = _run() + [_row("r1", "2026-11-26T10:00:00Z", "a", "peer:sparsert", "fp32", 1.5)]
+    with pytest.raises(ValueError, match="two peer:sparsert rows for layer a"):
+        summary.layer_table(rows, "fp32")
+
+
+def test_entries_are_recomputed_by_the_headline_check(tmp_path):
+    results = _write(tmp_path / "rows.jsonl", _run())
+    headline = _headline(tmp_path, [{"name": "kept", "readme": True}])
+    summary.main([str(results), "--headline", str(headline)])
+    entries = {entry["name"]: entry for entry in json.loads(headline.read_text())["entries"]}
+    assert set(entries) == {"kept", "peers resnet50 fp32 N=1: ours vs sparsert",
+                            "peers resnet50 fp32 N=1: ours vs sparsert-kernel"}
+    entry = entries["peers resnet50 fp32 N=1: ours vs sparsert"]
+    assert entry["ratio"] == pytest.approx((0.5 * 2.0) ** 0.5, rel=1e-3)
+    assert entry["rows"]["backends"] == ["codegen", "unrolled"] and entry["readme"] is False
+    count, ratio = layer_geomean(entry, _run())
+    assert count == entry["rows"]["N"] == 2 and ratio == pytest.approx(entry["ratio"], rel=1e-3)
+
+
+def test_the_newest_run_of_a_cell_wins_and_readme_flags_are_kept(tmp_path):
+    old = _write(tmp_path / "old.jsonl", _run("r0", "2026-11-25T10:00:00Z", scale=10.0))
+    new = _write(tmp_path / "new.jsonl", _run("r1", "2026-11-26T10:00:00Z"))
+    name = "peers resnet50 fp32 N=1: ours vs sparsert"
+    headline = _headline(tmp_path, [{"name": name, "readme": True, "ratio": 9.0}])
+    summary.main([str(new), str(old), "--headline", str(headline)])
+    entry = next(e for e in json.loads(headline.read_text())["entries"] if e["name"] == name)
+    assert entry["rows"]["runs"] == ["r1"] and entry["file"] == str(new) and entry["readme"] is True
+    assert entry["ratio"] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_the_script_prints_the_table(tmp_path):
+    results = _write(tmp_path / "rows.jsonl", _run())
+    headline = _headline(tmp_path)
+    done = run_script("peers_summary", tmp_path, results, "--headline", headline)
+    assert "| a | 5000.0 | 2000.0 | unrolled | 1000.0 | 500.0 |" in done.stdout
+    assert "ours over sparsert: geomean 1.00x (0.50-2.00x, 2 layers)" in done.stdout
