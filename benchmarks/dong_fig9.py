@@ -64,9 +64,10 @@ import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from figure_script import (
     add_measuring_options,
+    cudnn_fn,
+    measure_or_none,
     measuring_device,
     note,
     plot_or_note,
@@ -77,13 +78,7 @@ from figure_script import (
 from sparsecnn.backends import backend_names, get_backend
 from sparsecnn.bench import bench_layers, write_jsonl
 from sparsecnn.bench.env import environment, new_run_id
-from sparsecnn.bench.layers import (
-    free_memory,
-    is_out_of_memory,
-    measure,
-    precision,
-    round_to,
-)
+from sparsecnn.bench.layers import free_memory, round_to
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
 from sparsecnn.bench.schema import DTYPES, FIELDS, torch_dtype
@@ -102,7 +97,6 @@ REL_ERR_LIMIT = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
 CANDIDATE_KEYS = ("backend", "config", "median_ms", "rel_err")
 SMOKE_LAYERS = ("lenet-conv1", "alexnet-conv3")
 SMOKE_HW = 8
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def our_backends() -> List[str]:
@@ -138,15 +132,6 @@ def _layer_data(spec: ConvSpec, seed: int, dtype: str, device: torch.device) -> 
     return round_to(x, dtype), round_to(weight, dtype)
 
 
-def _dense_fn(x: torch.Tensor, weight: torch.Tensor, spec: ConvSpec, dtype: str):
-    """cuDNN as `bench layers` runs its baselines: NCHW for fp32, channels_last for half types."""
-    stored = torch_dtype(dtype)
-    layout = torch.channels_last if stored in _HALF else torch.contiguous_format
-    x = x.to(dtype=stored, memory_format=layout)
-    weight = weight.to(dtype=stored, memory_format=layout)
-    return lambda: F.conv2d(x, weight, None, spec.stride, spec.padding, spec.dilation, spec.groups)
-
-
 def dense_row(spec: ConvSpec, x: torch.Tensor, weight: torch.Tensor, c: int, k: int, pattern: str,
               ctx: "Context") -> Optional[Dict[str, Any]]:
     """Schema row of cuDNN on the layer cut to c input channels and k filters (None: out of memory)."""
@@ -155,14 +140,9 @@ def dense_row(spec: ConvSpec, x: torch.Tensor, weight: torch.Tensor, c: int, k: 
     assert tuple(xs.shape) == pruned.input_shape and tuple(ws.shape) == pruned.weight_shape
     ref = reference_conv(xs, ws, None, stride=spec.stride, padding=spec.padding, dilation=spec.dilation,
                          groups=spec.groups, fp64=True)
-    try:
-        with precision(ctx.dtype), torch.no_grad():
-            stats = measure(_dense_fn(xs, ws, pruned, ctx.dtype), ref, ctx.device, ctx.timing)
-    except RuntimeError as error:
-        if not is_out_of_memory(error):
-            raise
-        free_memory(ctx.device)
-        note(f"{spec.name}: cuDNN {c}x{k} skipped: out of memory")
+    stats = measure_or_none(lambda: cudnn_fn(xs, ws, pruned, ctx.dtype), ref, ctx.device, ctx.dtype, ctx.timing,
+                            f"{spec.name}: cuDNN {c}x{k}")
+    if stats is None:
         return None
     row = {**ctx.base, "kind": "layer", **pruned.as_dict(), "dtype": ctx.dtype,
            "sparsity": removed_share(spec, c, k), "pattern": pattern, "backend": "cudnn", "config": None,

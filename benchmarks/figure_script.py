@@ -1,12 +1,21 @@
-"""What the figure scripts (`dong_fig9.py`, `optprune_fig6.py`) share: their measuring options, the
-device and timing they imply, reading one run's rows back for --replot, and plotting that leaves the
-rows usable where matplotlib is missing. Imported by those scripts from this folder."""
+"""What the figure and table scripts (`dong_fig9.py`, `optprune_fig6.py`, `unsparse_table9.py`,
+`optprune_partitioner.py`) share: their measuring options, the device and timing they imply, cuDNN
+as `bench layers` runs its baselines, one measurement that leaves out what runs out of memory,
+reading one run's rows back for --replot, and plotting that leaves the rows usable where matplotlib
+is missing. Imported by those scripts from this folder."""
 import argparse
 import json
 import sys
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
+
+from sparsecnn.bench.layers import free_memory, is_out_of_memory, measure, precision
+from sparsecnn.bench.schema import torch_dtype
+from sparsecnn.core.spec import ConvSpec
+
+HALF = (torch.float16, torch.bfloat16)
 
 
 def note(message: str) -> None:
@@ -31,12 +40,44 @@ def add_measuring_options(parser: argparse.ArgumentParser, budget_unit: str) -> 
     parser.add_argument("--run", default=None, help="with --replot: the run to show (default: the last one)")
 
 
-def measuring_device(args: argparse.Namespace) -> torch.device:
-    """args.device, else cuda when available; SystemExit for a half-precision or TF32 run off CUDA."""
+def measuring_device(args: argparse.Namespace, dtypes: Optional[Sequence[str]] = None) -> torch.device:
+    """args.device, else cuda when available; SystemExit for a half-precision or TF32 run off CUDA.
+    dtypes: the dtype names the run measures (default: [args.dtype])."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type != "cuda" and args.dtype != "fp32":
-        raise SystemExit("on CPU only fp32 runs (no TF32, no half-precision baseline)")
+    dtypes = list(dtypes or [args.dtype])
+    if device.type != "cuda" and dtypes != ["fp32"]:
+        raise SystemExit(f"{','.join(dtypes)}: on CPU only fp32 runs (no TF32, no half-precision baseline)")
     return device
+
+
+def cudnn_fn(x: torch.Tensor, weight: torch.Tensor, spec: ConvSpec, dtype: str) -> Callable[[], torch.Tensor]:
+    """cuDNN as `bench layers` runs its baselines: `F.conv2d` of x (N, C, H, W) and weight
+    (K, C/groups, R, S), both cast to dtype name `dtype`'s storage type once, NCHW for fp32 and TF32,
+    channels_last for half types."""
+    stored = torch_dtype(dtype)
+    layout = torch.channels_last if stored in HALF else torch.contiguous_format
+    x = x.to(dtype=stored, memory_format=layout)
+    weight = weight.to(dtype=stored, memory_format=layout)
+    return lambda: F.conv2d(x, weight, None, spec.stride, spec.padding, spec.dilation, spec.groups)
+
+
+def measure_or_none(make_fn: Callable[[], Callable[[], torch.Tensor]], ref: torch.Tensor, device: torch.device,
+                    dtype: str, timing_kwargs: Dict[str, Any], what: str,
+                    leave_out_failures: bool = False) -> Optional[Dict[str, float]]:
+    """`measure` (median_ms, p20_ms, p80_ms, rel_err against `ref`) of make_fn()'s callable under
+    dtype's precision flags, without autograd. None, with a note naming `what`, when it runs out of
+    memory, or with leave_out_failures when it fails in any way (a candidate the kernel cannot run,
+    left out as the tuner drops it); other errors propagate."""
+    try:
+        with precision(dtype), torch.no_grad():
+            return measure(make_fn(), ref, device, timing_kwargs)
+    except Exception as error:  # noqa: BLE001  (re-raised below unless it is one we leave out)
+        if not (is_out_of_memory(error) or leave_out_failures):
+            raise
+        reason = "out of memory" if is_out_of_memory(error) else f"{type(error).__name__}: {error}"
+    free_memory(device)
+    note(f"{what} left out: {reason}")
+    return None
 
 
 def timing(args: argparse.Namespace) -> Dict[str, Any]:

@@ -52,9 +52,10 @@ import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from figure_script import (
     add_measuring_options,
+    cudnn_fn,
+    measure_or_none,
     measuring_device,
     note,
     plot_or_note,
@@ -65,13 +66,7 @@ from figure_script import (
 from sparsecnn.backends import config_to_dict, get_backend
 from sparsecnn.backends.blocks.extraction import provide_blocks
 from sparsecnn.bench.env import environment, new_run_id
-from sparsecnn.bench.layers import (
-    free_memory,
-    is_out_of_memory,
-    measure,
-    precision,
-    round_to,
-)
+from sparsecnn.bench.layers import free_memory, round_to
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
 from sparsecnn.bench.schema import DTYPES, FIELDS, torch_dtype
 from sparsecnn.core.reference import reference_conv
@@ -83,7 +78,6 @@ DEFAULT_KS = "1-65,72-256:8," + ",".join(f"{32 * m - 1},{32 * m + 1}" for m in r
 SMOKE_KS = "1,2,3,16,17,31,32,33"
 TILE_ROWS = (16, 32, 64, 128)
 PERIOD = 32
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def parse_ks(text: str) -> List[int]:
@@ -120,14 +114,6 @@ class Context:
     configs: str
 
 
-def _cudnn_fn(x: torch.Tensor, weight: torch.Tensor, spec: ConvSpec, dtype: str):
-    stored = torch_dtype(dtype)
-    layout = torch.channels_last if stored in _HALF else torch.contiguous_format
-    x = x.to(dtype=stored, memory_format=layout)
-    weight = weight.to(dtype=stored, memory_format=layout)
-    return lambda: F.conv2d(x, weight, None, spec.stride, spec.padding)
-
-
 def blocks_configs(spec: ConvSpec, dtype: str, which: str) -> List[Any]:
     """The `blocks` configs to time for `spec` (see --configs)."""
     backend = get_backend("blocks")
@@ -146,16 +132,20 @@ def blocks_configs(spec: ConvSpec, dtype: str, which: str) -> List[Any]:
     return configs
 
 
-def _blocks_fn(x: torch.Tensor, weight: torch.Tensor, spec: ConvSpec, dtype: str, config: Any):
-    """Backend `blocks` with the whole weight as one given dense block: (call, packed weight)."""
-    backend = get_backend("blocks")
-    stored = torch_dtype(dtype)
-    packed = backend.prepare(weight.to(stored).contiguous(), config)
+def _given_block(weight: torch.Tensor, dtype: str, config: Any):
+    """Backend `blocks`' packed weight with the whole weight as one given dense block."""
+    packed = get_backend("blocks").prepare(weight.to(torch_dtype(dtype)).contiguous(), config)
     if packed.decomposition.report.partitioner != "given" or len(packed.decomposition.blocks) != 1:
         raise RuntimeError("blocks did not take the given dense block")
-    call = backend.bind(packed, spec, config, stored, False)
+    return packed
+
+
+def _blocks_fn(x: torch.Tensor, weight: torch.Tensor, spec: ConvSpec, dtype: str, config: Any):
+    """Backend `blocks` on the whole weight as one given dense block, bound as a model binds it."""
+    stored = torch_dtype(dtype)
+    call = get_backend("blocks").bind(_given_block(weight, dtype, config), spec, config, stored, False)
     x = x.to(stored).contiguous()
-    return (lambda: call(x, None, None, False)), packed
+    return lambda: call(x, None, None, False)
 
 
 def _schema_row(spec: ConvSpec, label: str, backend: str, config: Any, stats: Dict[str, float],
@@ -166,39 +156,28 @@ def _schema_row(spec: ConvSpec, label: str, backend: str, config: Any, stats: Di
     return {**{name: row[name] for name in FIELDS}, "kind": KIND, "shape": label}
 
 
-def _measure(fn_maker, ref: torch.Tensor, ctx: Context, what: str) -> Optional[Tuple[Dict[str, float], Any]]:
-    """(stats, extra) of measuring fn_maker()'s callable, or None (with a note) when out of memory."""
-    try:
-        with precision(ctx.dtype), torch.no_grad():
-            fn, extra = fn_maker()
-            return measure(fn, ref, ctx.device, ctx.timing), extra
-    except RuntimeError as error:
-        if not is_out_of_memory(error):
-            raise
-    free_memory(ctx.device)
-    note(f"{what} skipped: out of memory")
-    return None
-
-
 def bench_k(spec: ConvSpec, label: str, x: torch.Tensor, weight: torch.Tensor, ref: torch.Tensor,
             ctx: Context) -> List[Dict[str, Any]]:
     """The cuDNN row and the blocks row (fastest config) of the first spec.K kernels."""
     rows = []
-    measured = _measure(lambda: (_cudnn_fn(x, weight, spec, ctx.dtype), None), ref, ctx, f"{label} K={spec.K} cuDNN")
-    if measured:
-        rows.append({**_schema_row(spec, label, "cudnn", None, measured[0], ctx), "candidates": None,
+    what = f"{label} K={spec.K}"
+    stats = measure_or_none(lambda: cudnn_fn(x, weight, spec, ctx.dtype), ref, ctx.device, ctx.dtype, ctx.timing,
+                            f"{what} cuDNN")
+    if stats:
+        rows.append({**_schema_row(spec, label, "cudnn", None, stats, ctx), "candidates": None,
                      "tiles": None, "macs_per_weight": None})
     candidates = []
     for config in blocks_configs(spec, ctx.dtype, ctx.configs):
-        measured = _measure(lambda: _blocks_fn(x, weight, spec, ctx.dtype, config), ref, ctx,
-                            f"{label} K={spec.K} blocks {config}")
-        if measured:
-            candidates.append((config, *measured))
+        stats = measure_or_none(lambda: _blocks_fn(x, weight, spec, ctx.dtype, config), ref, ctx.device, ctx.dtype,
+                                ctx.timing, f"{what} blocks {config}")
+        if stats:
+            candidates.append((config, stats))
     if candidates:
-        config, stats, packed = min(candidates, key=lambda c: c[1]["median_ms"])
+        config, stats = min(candidates, key=lambda c: c[1]["median_ms"])
+        packed = _given_block(weight, ctx.dtype, config)  # the winner's packing, for its tile counts
         rows.append({**_schema_row(spec, label, "blocks", config, stats, ctx),
                      "candidates": [dict(config=config_to_dict(c), median_ms=s["median_ms"], rel_err=s["rel_err"])
-                                    for c, s, _ in candidates],
+                                    for c, s in candidates],
                      "tiles": int(packed.stats["tiles"]), "macs_per_weight": float(packed.stats["macs_per_nnz"])})
     return rows
 

@@ -73,14 +73,22 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
-from figure_script import add_measuring_options, note, plot_or_note, run_rows, timing
+from figure_script import (
+    add_measuring_options,
+    cudnn_fn,
+    measure_or_none,
+    measuring_device,
+    note,
+    plot_or_note,
+    run_rows,
+    timing,
+)
 
 from sparsecnn.backends import config_to_dict, get_backend
 from sparsecnn.backends.blocks.backend import AUTO_T2
 from sparsecnn.backends.blocks.format import BlockDecomposition, BlockParams, extract_blocks
 from sparsecnn.bench.env import environment, new_run_id
-from sparsecnn.bench.layers import free_memory, is_out_of_memory, measure, precision, round_to
+from sparsecnn.bench.layers import free_memory, round_to
 from sparsecnn.bench.patterns import layer_generator, make_weight
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
 from sparsecnn.bench.schema import FIELDS, torch_dtype
@@ -101,7 +109,6 @@ TIMED_DTYPES = ("fp32", "fp16", "bf16")
 REL_ERR_LIMIT = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}  # as dong_fig9.py: a candidate beyond never counts
 SMOKE_LAYERS = 2  # per suite
 SMOKE_LIMITS = {"N": 1, "C": 16, "K": 64, "H": 8, "W": 8}  # K 64: t1 = 8 groups of B1 = 8 rows still fit
-_HALF = (torch.float16, torch.bfloat16)
 
 Layer = Tuple[str, ConvSpec]  # (suite, spec)
 Key = Tuple[str, str, str, int]  # (suite, layer, partitioner, t2) of one extraction
@@ -249,14 +256,6 @@ def timed_configs(spec: ConvSpec, dtype: str, t2: int, which: str) -> List["Bloc
     return configs[:1] if which == "default" else configs
 
 
-def _cudnn_fn(x: torch.Tensor, weight: torch.Tensor, spec: ConvSpec, dtype: str):
-    stored = torch_dtype(dtype)
-    layout = torch.channels_last if stored in _HALF else torch.contiguous_format
-    x = x.to(dtype=stored, memory_format=layout)
-    weight = weight.to(dtype=stored, memory_format=layout)
-    return lambda: F.conv2d(x, weight, None, spec.stride, spec.padding)
-
-
 def _blocks_fn(x: torch.Tensor, decomposition: BlockDecomposition, spec: ConvSpec, dtype: str,
                config: "BlocksConfig"):
     """Backend `blocks` on exactly these blocks: packed for `config` and bound as a model binds it."""
@@ -268,16 +267,7 @@ def _blocks_fn(x: torch.Tensor, decomposition: BlockDecomposition, spec: ConvSpe
 
 
 def _measure(make_fn, ref: torch.Tensor, timer: Timer, dtype: str, what: str) -> Optional[Dict[str, float]]:
-    """`measure` of make_fn()'s callable under dtype's precision flags, or None (a note) when out of memory."""
-    try:
-        with precision(dtype), torch.no_grad():
-            return measure(make_fn(), ref, timer.device, timer.timing)
-    except RuntimeError as error:  # torch.cuda.OutOfMemoryError is a RuntimeError
-        if not is_out_of_memory(error):
-            raise
-    free_memory(timer.device)
-    note(f"{what} skipped: out of memory")
-    return None
+    return measure_or_none(make_fn, ref, timer.device, dtype, timer.timing, what)
 
 
 def _time_row(timer: Timer, layer: Layer, label: str, sparsity: float, dtype: str, backend: str,
@@ -342,7 +332,7 @@ def time_layer(layer: Layer, study: Study, extractions: Dict[Key, BlockDecomposi
         x = round_to(x_full, dtype).to(timer.device)
         w = round_to(weight, dtype).to(timer.device)
         ref = reference_conv(x, w, None, stride=spec.stride, padding=spec.padding, fp64=True)
-        cudnn = _measure(lambda: _cudnn_fn(x, w, spec, dtype), ref, timer, dtype, f"{spec.name} {dtype} cuDNN")
+        cudnn = _measure(lambda: cudnn_fn(x, w, spec, dtype), ref, timer, dtype, f"{spec.name} {dtype} cuDNN")
         if cudnn is not None:
             rows.append(_time_row(timer, layer, label, 0.0, dtype, "cudnn", None, cudnn, partitioner=None, t2=None,
                                   candidates=None, cudnn_ms=None, speedup=None))
@@ -569,9 +559,7 @@ def _check_partitioners(names: Sequence[str]) -> None:
 def _timing_device(args: argparse.Namespace) -> torch.device:
     """args.device, else cuda when available; SystemExit for half precision off CUDA or a `blocks`
     that cannot run there (on CPU: TRITON_INTERPRET unset)."""
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type != "cuda" and set(args.dtypes) != {"fp32"}:
-        raise SystemExit("on CPU only fp32 runs (no half-precision baseline): --dtypes fp32")
+    device = measuring_device(args, args.dtypes)
     why = get_backend("blocks").unsupported_reason(ConvSpec(1, 1, 1, 1, 1, 1, 1), torch.float32, device.type)
     if why is not None:
         raise SystemExit(f"{why} (on CPU its Triton kernel runs in the interpreter: TRITON_INTERPRET=1)")

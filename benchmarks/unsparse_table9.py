@@ -61,9 +61,11 @@ import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from figure_script import (
     add_measuring_options,
+    cudnn_fn,
+    measure_or_none,
+    measuring_device,
     note,
     plot_or_note,
     run_rows,
@@ -72,13 +74,7 @@ from figure_script import (
 
 from sparsecnn.backends import config_to_dict, get_backend
 from sparsecnn.bench.env import environment, new_run_id
-from sparsecnn.bench.layers import (
-    free_memory,
-    is_out_of_memory,
-    measure,
-    precision,
-    round_to,
-)
+from sparsecnn.bench.layers import free_memory, round_to
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
 from sparsecnn.bench.schema import DTYPES, FIELDS, torch_dtype
@@ -110,7 +106,6 @@ PAPER_SPARSITY = {
     "vgg-256x56-256": 0.908, "vgg-256x28-512": 0.92, "vgg-512x28-512": 0.92, "vgg-512x14-512": 0.92,
 }
 SMOKE_N, SMOKE_CHANNELS, SMOKE_HW = 8, 4, 8
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def parse_sbs(text: str) -> List[int]:
@@ -217,15 +212,6 @@ def layer_data(spec: ConvSpec, suite: str, dtype: str, sparsity: float, ctx: Con
     return LayerData(spec, suite, dtype, sparsity, x, weight, ref, density)
 
 
-def _cudnn_fn(data: LayerData):
-    """cuDNN as `bench layers` runs its baselines: NCHW for fp32, channels_last for half types."""
-    stored = torch_dtype(data.dtype)
-    layout = torch.channels_last if stored in _HALF else torch.contiguous_format
-    x = data.x.to(dtype=stored, memory_format=layout)
-    weight = data.weight.to(dtype=stored, memory_format=layout)
-    return lambda: F.conv2d(x, weight, None, data.spec.stride, data.spec.padding)
-
-
 def _direct_fn(data: LayerData, config: Any):
     """The layer's call as a model makes it: packed and bound once, then called on NCHW input."""
     backend, stored = get_backend(BACKEND), torch_dtype(data.dtype)
@@ -235,17 +221,10 @@ def _direct_fn(data: LayerData, config: Any):
 
 
 def _measure(fn_maker, data: LayerData, ctx: Context, what: str) -> Optional[Dict[str, float]]:
-    """measure() of fn_maker()'s callable under the dtype's precision flags; None (with a note) when
-    it runs out of memory or fails (a candidate the kernel cannot run is left out, as the tuner
-    drops it)."""
-    try:
-        with precision(data.dtype), torch.no_grad():
-            return measure(fn_maker(), data.ref, ctx.device, ctx.timing)
-    except Exception as error:  # noqa: BLE001  (noted; the row lists what was timed)
-        reason = "out of memory" if is_out_of_memory(error) else f"{type(error).__name__}: {error}"
-    free_memory(ctx.device)
-    note(f"{data.spec.name} {data.dtype}: {what} left out: {reason}")
-    return None
+    """`figure_script.measure_or_none` on the layer: a candidate that fails is left out (with a note),
+    as the tuner drops it."""
+    return measure_or_none(fn_maker, data.ref, ctx.device, data.dtype, ctx.timing,
+                           f"{data.spec.name} {data.dtype}: {what}", leave_out_failures=True)
 
 
 def _schema_row(data: LayerData, backend: str, config: Any, stats: Dict[str, float], ctx: Context,
@@ -259,7 +238,7 @@ def _schema_row(data: LayerData, backend: str, config: Any, stats: Dict[str, flo
 
 
 def cudnn_row(data: LayerData, ctx: Context) -> Optional[Dict[str, Any]]:
-    stats = _measure(functools.partial(_cudnn_fn, data), data, ctx, "cuDNN")
+    stats = _measure(lambda: cudnn_fn(data.x, data.weight, data.spec, data.dtype), data, ctx, "cuDNN")
     if stats is None:
         return None
     return _schema_row(data, "cudnn", None, stats, ctx, sbs=None, candidates=None, built=None, refused=None)
@@ -444,13 +423,10 @@ def _sparsity(args, spec: ConvSpec) -> float:
 
 
 def _device_and_dtypes(args) -> Tuple[torch.device, List[str]]:
-    """args.device, else cuda when available; args.dtypes, else fp32,fp16 on CUDA and fp32 elsewhere.
-    SystemExit for a half-precision or TF32 run off CUDA (as `figure_script.measuring_device`)."""
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtypes = args.dtypes or (["fp32", "fp16"] if device.type == "cuda" else ["fp32"])
-    if device.type != "cuda" and dtypes != ["fp32"]:
-        raise SystemExit(f"--dtypes {','.join(dtypes)}: on CPU only fp32 runs (no TF32, no half precision)")
-    return device, dtypes
+    """`figure_script.measuring_device` and args.dtypes, else fp32,fp16 on CUDA and fp32 elsewhere."""
+    cuda = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda"
+    dtypes = args.dtypes or (["fp32", "fp16"] if cuda else ["fp32"])
+    return measuring_device(args, dtypes), dtypes
 
 
 def parse_dtypes(text: str) -> List[str]:

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from sparsecnn import settings
-from sparsecnn.bench.peers import Peer
+from sparsecnn.bench.peers import Peer, common_unsupported_reason
 from sparsecnn.core.cubin_loader import LazyKernels, missing_loader
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.tuning.timing import benchmark
@@ -146,12 +146,10 @@ def launch_candidates(spec: ConvSpec) -> List[Launch]:
 def unsupported_reason(spec: ConvSpec, dtype: str, device_type: str, compiled: bool = True) -> Optional[str]:
     """Why SparseRT cannot run this layer at dtype name `dtype`, None if it can. compiled: whether
     its cubins run it (else the torch stand-in, which runs on any device)."""
-    if dtype not in DTYPES:
-        return f"SparseRT runs {', '.join(DTYPES)} only, not {dtype} (its fp16 code does not assemble with ptxas 13)"
-    if compiled and device_type != "cuda":
-        return "SparseRT needs a CUDA device"
-    if spec.groups != 1 or spec.dilation != (1, 1):
-        return "grouped and dilated convolutions are not SparseRT kernels"
+    reason = common_unsupported_reason("SparseRT", DTYPES, spec, dtype, device_type, compiled,
+                                       dtype_note="its fp16 code does not assemble with ptxas 13")
+    if reason:
+        return reason
     kind = kernel_kind(spec)
     if kind is None:
         return (f"SparseRT generates 3x3 stride-1 padding-1 and 1x1 stride-1 unpadded convolutions, not "

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from sparsecnn import settings
-from sparsecnn.bench.peers import Peer
+from sparsecnn.bench.peers import Peer, common_unsupported_reason
 from sparsecnn.core.spec import ConvSpec
 
 LIBRARY = "libsputnik_spmm.so"
@@ -201,12 +201,9 @@ class SputnikConv:
 def unsupported_reason(spec: ConvSpec, dtype: str, device_type: str, library: bool = True) -> Optional[str]:
     """Why Sputnik cannot run this layer at dtype name `dtype`, None if it can. library: whether
     the CUDA library runs it (else the torch stand-in, which runs on any device)."""
-    if dtype not in DTYPES:
-        return f"Sputnik runs {', '.join(DTYPES)}, not {dtype}"
-    if library and device_type != "cuda":
-        return "Sputnik needs a CUDA device"
-    if spec.groups != 1 or spec.dilation != (1, 1):
-        return "grouped and dilated convolutions are not one SpMM here"
+    reason = common_unsupported_reason("Sputnik", tuple(DTYPES), spec, dtype, device_type, library)
+    if reason:
+        return reason
     k, n = spec.C * spec.R * spec.S, spec.N * spec.P * spec.Q
     if dtype == "fp16" and n % 4:
         # half2 pairs, and 8-byte half4 loads of B's rows for most n: rows must stay aligned

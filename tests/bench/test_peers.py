@@ -3,6 +3,7 @@ asked for, with errors that say what is missing."""
 import pytest
 
 from sparsecnn.bench import peers
+from sparsecnn.core.spec import ConvSpec
 
 
 def test_the_checkout_holds_the_sputnik_adapter():
@@ -46,3 +47,15 @@ def test_the_report_shows_peers_but_counts_only_ours_in_sparse_efficiency():
     table = markdown_table(rows)
     assert "peer:sputnik ms" in table and "4.00×" in table  # the peer's column and speedup
     assert f"{100 * efficiency(rows[1]):.3g}%" in table.splitlines()[-3]  # unrolled's, not the peer's
+
+
+def test_the_checks_every_peer_makes_first():
+    plain, grouped = ConvSpec(1, 4, 4, 5, 5, 3, 3), ConvSpec(1, 4, 4, 5, 5, 3, 3, groups=2)
+    dilated = ConvSpec(1, 4, 4, 9, 9, 3, 3, dilation=2)
+    reason = peers.common_unsupported_reason
+    assert reason("P", ("fp32",), plain, "fp32", "cuda", needs_cuda=True) is None
+    assert reason("P", ("fp32",), plain, "fp32", "cpu", needs_cuda=False) is None  # a CPU stand-in
+    assert reason("P", ("fp32",), plain, "fp32", "cpu", needs_cuda=True) == "P needs a CUDA device"
+    assert reason("P", ("fp32", "fp16"), plain, "bf16", "cuda", True, "why") == "P runs fp32, fp16, not bf16 (why)"
+    for spec in (grouped, dilated):
+        assert "grouped and dilated" in reason("P", ("fp32",), spec, "fp32", "cuda", needs_cuda=True)

@@ -9,14 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.common import needs, sparse_weight
+from helpers.peers import assert_one_row_per_variant, peer_rows
 
-from sparsecnn.bench import bench_layers, validate_row
-from sparsecnn.bench.peers import PEER_PREFIX, load_peer, peer_module
+from sparsecnn.bench.peers import load_peer, peer_module
 from sparsecnn.core.reference import reference_conv, relative_error
 from sparsecnn.core.spec import ConvSpec
 
 sputnik = peer_module("sputnik")
-FAST = dict(warmup_ms=1, rep_ms=5, min_rep=3)
 PADDINGS = [0, 1, 2, 3]
 STRIDES = [1, 2, 3]
 
@@ -113,17 +112,10 @@ def test_unsupported_reasons():
 # --- the bench hook and its errors ---------------------------------------------------------------------
 def test_bench_layers_rows_of_the_peer_on_cpu_with_the_stand_in():
     specs = [ConvSpec(2, 3, 33, 13, 13, 3, 3, 2, 1, name="odd"), ConvSpec(2, 8, 16, 5, 5, 1, 1, name="pw")]
-    peer = sputnik.make_peer(sputnik.torch_spmm)
-    rows = bench_layers(specs, suite="tiny", sparsity=0.7, pattern="random", dtype="fp32", backends=[],
-                        device="cpu", progress=False, timing=FAST, peers=[peer])
-    for row in rows:
-        validate_row(row)
-    peer_rows = [row for row in rows if row["backend"].startswith(PEER_PREFIX)]
-    assert [(row["layer"], row["backend"]) for row in peer_rows] == [
-        (layer, PEER_PREFIX + variant) for layer in ("odd", "pw") for variant in sputnik.VARIANTS]
-    assert all(row["rel_err"] < 1e-5 and row["dtype"] == "fp32" for row in peer_rows)
-    assert {row["config"]["part"] for row in peer_rows} == {"conv", "spmm"}
-    assert {row["config"]["im2col"] for row in peer_rows} == {"unfold", "permute"}
+    rows = peer_rows(sputnik.make_peer(sputnik.torch_spmm), specs, "cpu")
+    assert_one_row_per_variant(rows, ("odd", "pw"), sputnik.VARIANTS)
+    assert {row["config"]["part"] for row in rows} == {"conv", "spmm"}
+    assert {row["config"]["im2col"] for row in rows} == {"unfold", "permute"}
 
 
 def test_load_peer_says_what_is_missing(monkeypatch, tmp_path):
@@ -188,10 +180,6 @@ def test_sputnik_fp16_within_twice_cudnn_error(r, stride, padding, sparsity):
 def test_sputnik_rows_on_the_gpu():
     specs = [ConvSpec(4, 64, 64, 14, 14, 3, 3, 1, 1, name="c3"), ConvSpec(4, 64, 256, 14, 14, 1, 1, name="c1")]
     for dtype in ("fp32", "fp16"):
-        rows = bench_layers(specs, suite="tiny", sparsity=0.9, pattern="random", dtype=dtype, backends=[],
-                            device="cuda", progress=False, timing=FAST, baselines=False,
-                            peers=[load_peer("sputnik")])
-        assert len(rows) == 2 * len(sputnik.VARIANTS)
-        for row in rows:
-            validate_row(row)
-            assert row["config"]["sputnik"] and row["rel_err"] < (1e-5 if dtype == "fp32" else 1e-2)
+        rows = peer_rows(load_peer("sputnik"), specs, "cuda", dtype, sparsity=0.9, baselines=False)
+        assert_one_row_per_variant(rows, ("c3", "c1"), sputnik.VARIANTS, dtype, 1e-5 if dtype == "fp32" else 1e-2)
+        assert all(row["config"]["sputnik"] for row in rows)

@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -44,6 +44,20 @@ class Peer:
     unsupported_reason: Callable[[ConvSpec, str, str], Optional[str]]
     config: Callable[[str, ConvSpec, str], dict]
     bind: Callable[[str, torch.Tensor, torch.Tensor, ConvSpec, str], Callable[[], torch.Tensor]]
+
+
+def common_unsupported_reason(peer: str, dtypes: Sequence[str], spec: ConvSpec, dtype: str, device_type: str,
+                              needs_cuda: bool, dtype_note: str = "") -> Optional[str]:
+    """The checks every peer makes first, None when they pass: dtype name `dtype` among `dtypes`
+    (dtype_note: why not others), a CUDA device when needs_cuda (a CPU stand-in runs anywhere),
+    groups 1 and no dilation (a peer runs plain convolutions only)."""
+    if dtype not in dtypes:
+        return f"{peer} runs {', '.join(dtypes)}, not {dtype}" + (f" ({dtype_note})" if dtype_note else "")
+    if needs_cuda and device_type != "cuda":
+        return f"{peer} needs a CUDA device"
+    if spec.groups != 1 or spec.dilation != (1, 1):
+        return f"{peer} runs no grouped and dilated convolutions"
+    return None
 
 
 def peer_names(folder: Path = PEERS_DIR) -> List[str]:
