@@ -2,13 +2,13 @@
 `sparsecnn bench layers --peers NAME` (issue 33): per layer, our fastest backend against each peer variant.
 
 Usage: python benchmarks/peers_summary.py [--headline PATH] RESULTS_FILE.jsonl ...
-For every (suite, dtype, N) of the newest run that holds it: one markdown line per layer (cuDNN at the
+For every (suite, dtype, N), from the file of its newest run: one markdown line per layer (cuDNN at the
 same dtype, our fastest backend and its time, every peer variant's time, in microseconds), then the
 geomean of our speedup over each variant. Rewrites the headline entries "peers <suite> <dtype> N=<n>:
 ours vs <variant>" (other entries unchanged; an entry's "readme" flag is kept, new ones get False),
 in the per-layer geomean form `tests/benchmarks/test_headline.py` recomputes. "Ours" is every backend
-of the run that is neither cuDNN, a dense baseline nor a peer; a file must hold one run per
-(suite, dtype, N).
+of the run that is neither cuDNN, a dense baseline nor a peer; a cell's layers come from one file, each
+layer from one run.
 """
 from __future__ import annotations
 
@@ -30,24 +30,36 @@ def is_ours(backend: str) -> bool:
     return backend != CUDNN and not backend.startswith(("dense", PEER_PREFIX))
 
 
-def newest_cells(paths: Sequence[str]) -> Dict[Cell, Tuple[str, str, List[dict]]]:
-    """{(suite, dtype, N): (path, run, rows of that run)} of the newest run (by date) per cell that
-    has peer rows. The cell's dtype is that of its peer rows; its rows include cuDNN's at any dtype."""
+def newest_cells(paths: Sequence[str]) -> Dict[Cell, Tuple[str, List[str], List[dict]]]:
+    """{(suite, dtype, N): (path, runs, rows)} per cell that has peer rows: the file of the cell's newest
+    run (by date), and in it, per layer, the newest run with that layer's peer rows (one run per layer
+    keeps every ratio within one run; a benchmark may run each layer in its own process). The cell's
+    dtype is that of its peer rows; its rows include cuDNN's at any dtype."""
     runs: Dict[Tuple[str, str], List[dict]] = {}
     for path in paths:
         for line in Path(path).read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
                 runs.setdefault((path, row["run"]), []).append(row)
-    newest: Dict[Cell, Tuple[str, str, List[dict]]] = {}
+    # {cell: {(path, layer): (date, run)}}: the newest run of each layer, per file
+    newest: Dict[Cell, Dict[Tuple[str, str], Tuple[str, str]]] = {}
     for (path, run), rows in runs.items():
         for row in rows:
-            if row.get("kind") != "layer" or not row["backend"].startswith(PEER_PREFIX):
-                continue
-            cell = (row["suite"], row["dtype"], row["N"])
-            if cell not in newest or row["date"] > newest[cell][2][0]["date"]:
-                newest[cell] = (path, run, [r for r in rows if (r["suite"], r["N"]) == (cell[0], cell[2])])
-    return newest
+            if row.get("kind") == "layer" and row["backend"].startswith(PEER_PREFIX):
+                layers = newest.setdefault((row["suite"], row["dtype"], row["N"]), {})
+                key = (path, row["layer"])
+                layers[key] = max(layers.get(key, (row["date"], run)), (row["date"], run))
+    cells: Dict[Cell, Tuple[str, List[str], List[dict]]] = {}
+    for cell, layers in newest.items():
+        path = max(layers.items(), key=lambda item: item[1])[0][0]
+        picked = {layer: run for (where, layer), (_, run) in layers.items() if where == path}
+        rows = [row for run in sorted(set(picked.values())) for row in runs[(path, run)]
+                if (row["suite"], row["N"]) == (cell[0], cell[2]) and picked.get(row["layer"]) == run]
+        devices = {row["device"] for row in rows}
+        if len(devices) != 1:
+            raise ValueError(f"{path}: cell {cell} mixes devices {sorted(devices)}")
+        cells[cell] = (path, sorted(set(picked.values())), rows)
+    return cells
 
 
 def layer_table(rows: List[dict], dtype: str) -> Dict[str, Dict[str, dict]]:
@@ -76,12 +88,13 @@ def speedups(layers: Dict[str, Dict[str, dict]], variant: str) -> List[float]:
             for slot in layers.values() if "ours" in slot and variant in slot]
 
 
-def entry(cell: Cell, path: str, run: str, rows: List[dict], layers: Dict[str, Dict[str, dict]],
+def entry(cell: Cell, path: str, runs: List[str], rows: List[dict], layers: Dict[str, Dict[str, dict]],
           variant: str) -> dict:
     """The headline entry of our fastest backend per layer over peer row `variant` in `cell`."""
     suite, dtype, batch = cell
     ours = sorted({row["backend"] for row in rows if is_ours(row["backend"]) and row["dtype"] == dtype})
     ratios = speedups(layers, variant)
+    compared = [name for name, slot in layers.items() if "ours" in slot and variant in slot]
     first = next(slot["ours"] for slot in layers.values() if "ours" in slot and variant in slot)
     peer_config = next(slot[variant]["config"] for slot in layers.values() if variant in slot)
     return {
@@ -96,7 +109,7 @@ def entry(cell: Cell, path: str, run: str, rows: List[dict], layers: Dict[str, D
         "versions": {name: first[name] for name in ("torch", "cudnn", "triton", "driver")},
         "rows": {"N": len(ratios), "backends": ours, "baseline_backend": variant, "baseline_dtype": dtype,
                  "dtype": dtype, "ours_pick": "fastest row per layer over the backends and their configs",
-                 "runs": [run], "suites": [[suite, batch]]},
+                 "runs": runs, "suites": [[suite, batch]], "layers": compared},
     }
 
 
@@ -131,13 +144,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     headline = json.loads(args.headline.read_text())
     flags = {item["name"]: item.get("readme", False) for item in headline["entries"]}
     made = {}
-    for cell, (path, run, rows) in sorted(newest_cells(args.files).items()):
+    for cell, (path, runs, rows) in sorted(newest_cells(args.files).items()):
         layers = layer_table(rows, cell[1])
         variants = sorted({key for slot in layers.values() for key in slot if key.startswith(PEER_PREFIX)})
         print_cell(cell, path, layers, variants)
         for variant in variants:
             if speedups(layers, variant):
-                item = entry(cell, path, run, rows, layers, variant)
+                item = entry(cell, path, runs, rows, layers, variant)
                 made[item["name"]] = {**item, "readme": flags.get(item["name"], False)}
     kept = [made.pop(item["name"], item) for item in headline["entries"]]
     headline["entries"] = kept + list(made.values())

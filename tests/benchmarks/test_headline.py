@@ -42,12 +42,16 @@ def model_ratio(entry, rows):
 
 def layer_geomean(entry, rows):
     """Geomean entry: per layer (suite, N, layer) the fastest row of the backends at `dtype`
-    against the cuDNN row at `baseline_dtype` of the same run; returns (layer count, geomean)."""
+    against the cuDNN row at `baseline_dtype` of the same run; returns (layer count, geomean).
+    An entry that lists its "layers" (a peer that runs some layers only) is checked on those."""
     sel = entry["rows"]
     suites = {tuple(s) for s in sel["suites"]} if sel.get("suites") else None
+    layers = set(sel["layers"]) if sel.get("layers") else None
     best, base = {}, {}
     for row in rows:
         if row.get("kind") != "layer" or (suites and (row["suite"], row["N"]) not in suites):
+            continue
+        if layers is not None and row["layer"] not in layers:
             continue
         key = (row["suite"], row["N"], row["layer"])
         if row["backend"] == sel["baseline_backend"] and row["dtype"] == sel["baseline_dtype"]:

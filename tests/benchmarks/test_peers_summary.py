@@ -84,3 +84,39 @@ def test_the_script_prints_the_table(tmp_path):
     done = run_script("peers_summary", tmp_path, results, "--headline", headline)
     assert "| a | 5000.0 | 2000.0 | unrolled | 1000.0 | 500.0 |" in done.stdout
     assert "ours over sparsert: geomean 1.00x (0.50-2.00x, 2 layers)" in done.stdout
+
+
+def test_a_cell_run_one_layer_per_process_takes_each_layers_newest_run(tmp_path):
+    """Layers from separate runs of one file form one cell; a rerun of a layer replaces its older run."""
+    rows = _run("r1", "2026-11-26T10:00:00Z", scale=10.0)
+    per_layer = [row for row in _run("r2", "2026-11-26T11:00:00Z") if row["layer"] == "a"]
+    per_layer += [row for row in _run("r3", "2026-11-26T12:00:00Z") if row["layer"] == "b"]
+    results = _write(tmp_path / "rows.jsonl", rows + per_layer)
+    (path, runs, picked), = summary.newest_cells([str(results)]).values()
+    assert runs == ["r2", "r3"] and {(row["layer"], row["run"]) for row in picked} == {("a", "r2"), ("b", "r3")}
+    headline = _headline(tmp_path)
+    summary.main([str(results), "--headline", str(headline)])
+    entry = next(e for e in json.loads(headline.read_text())["entries"] if e["name"].endswith("vs sparsert"))
+    count, ratio = layer_geomean(entry, per_layer)
+    assert entry["rows"]["runs"] == ["r2", "r3"] and count == 2 and ratio == pytest.approx(entry["ratio"], rel=1e-3)
+
+
+def test_a_cell_mixing_devices_is_refused(tmp_path):
+    rows = [row for row in _run("r1") if row["layer"] == "a"]
+    rows += [{**row, "device": "NVIDIA H100"} for row in _run("r2", "2026-11-26T11:00:00Z") if row["layer"] == "b"]
+    with pytest.raises(ValueError, match="mixes devices"):
+        summary.newest_cells([str(_write(tmp_path / "rows.jsonl", rows))])
+
+
+def test_a_peer_that_skips_a_layer_is_compared_on_the_layers_it_ran(tmp_path):
+    """The entry lists the layers both ran; the headline check recomputes over those and fails on a
+    listed layer without the peer's row."""
+    rows = [row for row in _run() if not (row["layer"] == "b" and row["backend"] == "peer:sparsert")]
+    results = _write(tmp_path / "rows.jsonl", rows)
+    headline = _headline(tmp_path)
+    summary.main([str(results), "--headline", str(headline)])
+    entry = next(e for e in json.loads(headline.read_text())["entries"] if e["name"].endswith("vs sparsert"))
+    assert entry["rows"]["layers"] == ["a"] and entry["ratio"] == pytest.approx(0.5, rel=1e-3)
+    assert layer_geomean(entry, rows) == (1, pytest.approx(0.5, rel=1e-3))
+    with pytest.raises(AssertionError, match="no baseline row"):
+        layer_geomean(dict(entry, rows=dict(entry["rows"], layers=["a", "b"])), rows)
