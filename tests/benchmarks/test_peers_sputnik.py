@@ -63,6 +63,19 @@ def test_fp16_rows_are_padded_to_even_lengths_with_zeros():
 
 
 # --- im2col + SpMM is the convolution ------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "offset view"])
+@pytest.mark.parametrize("spec", [ConvSpec(1, 3, 8, 13, 11, 5, 5, 2, 3), ConvSpec(3, 4, 8, 9, 12, 3, 1, (1, 2), (2, 0)),
+                                  ConvSpec(2, 5, 8, 7, 7, 3, 3, 1, 1)], ids=str)
+def test_im2col_is_unfold_for_any_input_layout(spec, layout):
+    """One strided copy gives F.unfold's columns, batch-major, whatever x's strides and storage offset."""
+    x = torch.randn(spec.N + 1, spec.C, spec.H, spec.W, dtype=torch.float64)
+    x = {"contiguous": x[:spec.N], "channels_last": x[:spec.N].to(memory_format=torch.channels_last),
+         "offset view": x[1:]}[layout]
+    unfolded = F.unfold(x, (spec.R, spec.S), padding=spec.padding, stride=spec.stride)  # (N, CRS, PQ)
+    expected = unfolded.transpose(0, 1).reshape(unfolded.shape[1], -1)
+    assert torch.equal(sputnik.im2col(x, spec), expected)
+
+
 @pytest.mark.parametrize("padding", PADDINGS)
 @pytest.mark.parametrize("stride", STRIDES)
 def test_im2col_and_spmm_reproduce_conv2d_in_fp64(stride, padding):
@@ -115,7 +128,7 @@ def test_bench_layers_rows_of_the_peer_on_cpu_with_the_stand_in():
     rows = peer_rows(sputnik.make_peer(sputnik.torch_spmm), specs, "cpu")
     assert_one_row_per_variant(rows, ("odd", "pw"), sputnik.VARIANTS)
     assert {row["config"]["part"] for row in rows} == {"conv", "spmm"}
-    assert {row["config"]["im2col"] for row in rows} == {"unfold", "permute"}
+    assert {row["config"]["im2col"] for row in rows} == {"strided copy", "permute"}
 
 
 def test_load_peer_says_what_is_missing(monkeypatch, tmp_path):
