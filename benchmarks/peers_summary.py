@@ -4,8 +4,9 @@
 Usage: python benchmarks/peers_summary.py [--headline PATH] RESULTS_FILE.jsonl ...
 For every (suite, dtype, N), from the file of its newest run: one markdown line per layer (cuDNN at the
 same dtype, our fastest backend and its time, every peer variant's time, in microseconds), then the
-geomean of our speedup over each variant. Rewrites the headline entries "peers <suite> <dtype> N=<n>:
-ours vs <variant>" (other entries unchanged; an entry's "readme" flag is kept, new ones get False),
+geomean of our speedup over each variant; last, one summary line per cell. Rewrites the headline
+entries "peers <suite> <dtype> N=<n>: ours vs <variant>" (none for a conv whose im2col ran once per
+image at N > 1; other entries unchanged; an entry's "readme" flag is kept, new ones get False),
 in the per-layer geomean form `tests/benchmarks/test_headline.py` recomputes. "Ours" is every backend
 of the run that is neither cuDNN, a dense baseline nor a peer; a cell's layers come from one file, each
 layer from one run.
@@ -136,6 +137,27 @@ def print_cell(cell: Cell, path: str, layers: Dict[str, Dict[str, dict]], varian
                   f"({min(ratios):.2f}-{max(ratios):.2f}x, {len(ratios)} layers)")
 
 
+def per_image_im2col(layers: Dict[str, Dict[str, dict]], variant: str, batch: int) -> bool:
+    """Whether `variant`'s rows at batch > 1 timed a whole conv whose im2col was F.unfold, which
+    PyTorch's CUDA code launches once per image: Sputnik's conv before its adapter gathered the batch in one copy. Such a
+    conv is a baseline nobody would deploy, so it gets no headline entry."""
+    configs = [slot[variant].get("config") or {} for slot in layers.values() if variant in slot]
+    return batch > 1 and any(config.get("part") == "conv" and config.get("im2col") == "unfold" for config in configs)
+
+
+def _ratio_cell(ratios: Optional[List[float]]) -> str:
+    return f"{geomean(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x, {len(ratios)})" if ratios else "-"
+
+
+def print_summary(summary: List[Tuple[Cell, Dict[str, List[float]]]]) -> None:
+    """One line per cell: our geomean speedup (range, layers) over each peer variant."""
+    variants = sorted({variant for _, ratios in summary for variant in ratios})
+    print("\n| suite, dtype, N | " + " | ".join(f"ours over {v[len(PEER_PREFIX):]}" for v in variants) + " |")
+    print("|---|" + "---:|" * len(variants))
+    for (suite, dtype, batch), ratios in summary:
+        print(f"| {suite}, {dtype}, {batch} | " + " | ".join(_ratio_cell(ratios.get(v)) for v in variants) + " |")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="JSON-lines files of `bench layers --peers` runs")
@@ -143,16 +165,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     headline = json.loads(args.headline.read_text())
     flags = {item["name"]: item.get("readme", False) for item in headline["entries"]}
-    made = {}
+    made, left_out, summary = {}, set(), []
     for cell, (path, runs, rows) in sorted(newest_cells(args.files).items()):
         layers = layer_table(rows, cell[1])
         variants = sorted({key for slot in layers.values() for key in slot if key.startswith(PEER_PREFIX)})
         print_cell(cell, path, layers, variants)
+        summary.append((cell, {variant: speedups(layers, variant) for variant in variants}))
         for variant in variants:
-            if speedups(layers, variant):
-                item = entry(cell, path, runs, rows, layers, variant)
+            if not speedups(layers, variant):
+                continue
+            item = entry(cell, path, runs, rows, layers, variant)
+            if per_image_im2col(layers, variant, cell[2]):
+                left_out.add(item["name"])
+            else:
                 made[item["name"]] = {**item, "readme": flags.get(item["name"], False)}
-    kept = [made.pop(item["name"], item) for item in headline["entries"]]
+    print_summary(summary)
+    kept = [made.pop(item["name"], item) for item in headline["entries"] if item["name"] not in left_out]
     headline["entries"] = kept + list(made.values())
     args.headline.write_text(json.dumps(headline, indent=1) + "\n")
 
