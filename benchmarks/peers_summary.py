@@ -4,7 +4,8 @@
 Usage: python benchmarks/peers_summary.py [--headline PATH] RESULTS_FILE.jsonl ...
 For every (suite, dtype, N), from the file of its newest run: one markdown line per layer (cuDNN at the
 same dtype, our fastest backend and its time, every peer variant's time, in microseconds), then the
-geomean of our speedup over each variant; last, one summary line per cell. Rewrites the headline
+geomean of our speedup over each variant; last, one summary line per cell, which also gives our speedup
+over cuDNN at PyTorch's default for the dtype (TF32 convs for fp32). Rewrites the headline
 entries "peers <suite> <dtype> N=<n>: ours vs <variant>" (none for a conv whose im2col ran once per
 image at N > 1; other entries unchanged; an entry's "readme" flag is kept, new ones get False),
 in the per-layer geomean form `tests/benchmarks/test_headline.py` recomputes. "Ours" is every backend
@@ -145,17 +146,28 @@ def per_image_im2col(layers: Dict[str, Dict[str, dict]], variant: str, batch: in
     return batch > 1 and any(config.get("part") == "conv" and config.get("im2col") == "unfold" for config in configs)
 
 
+def cudnn_default_speedups(rows: List[dict], layers: Dict[str, Dict[str, dict]], dtype: str) -> List[float]:
+    """Our speedup per layer over cuDNN at PyTorch's default for `dtype` (TF32 convs for fp32, as
+    `torch.backends.cudnn.allow_tf32` is on by default; fp16 and bf16 as they are), same run."""
+    default = layer_table(rows, "tf32" if dtype == "fp32" else dtype)
+    return [default[name][CUDNN]["median_ms"] / slot["ours"]["median_ms"] for name, slot in layers.items()
+            if "ours" in slot and CUDNN in default.get(name, {})]
+
+
 def _ratio_cell(ratios: Optional[List[float]]) -> str:
     return f"{geomean(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x, {len(ratios)})" if ratios else "-"
 
 
 def print_summary(summary: List[Tuple[Cell, Dict[str, List[float]]]]) -> None:
-    """One line per cell: our geomean speedup (range, layers) over each peer variant."""
-    variants = sorted({variant for _, ratios in summary for variant in ratios})
-    print("\n| suite, dtype, N | " + " | ".join(f"ours over {v[len(PEER_PREFIX):]}" for v in variants) + " |")
-    print("|---|" + "---:|" * len(variants))
+    """One line per cell: our geomean speedup (range, layers) over each peer variant, and over cuDNN at
+    PyTorch's default for the cell's dtype (key CUDNN)."""
+    variants = sorted({variant for _, ratios in summary for variant in ratios} - {CUDNN})
+    print("\n| suite, dtype, N | " + " | ".join(f"ours over {v[len(PEER_PREFIX):]}" for v in variants)
+          + " | ours over cuDNN at PyTorch's default (TF32 for fp32) |")
+    print("|---|" + "---:|" * (len(variants) + 1))
     for (suite, dtype, batch), ratios in summary:
-        print(f"| {suite}, {dtype}, {batch} | " + " | ".join(_ratio_cell(ratios.get(v)) for v in variants) + " |")
+        print(f"| {suite}, {dtype}, {batch} | " + " | ".join(_ratio_cell(ratios.get(v)) for v in variants)
+              + f" | {_ratio_cell(ratios.get(CUDNN))} |")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -170,7 +182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         layers = layer_table(rows, cell[1])
         variants = sorted({key for slot in layers.values() for key in slot if key.startswith(PEER_PREFIX)})
         print_cell(cell, path, layers, variants)
-        summary.append((cell, {variant: speedups(layers, variant) for variant in variants}))
+        summary.append((cell, {**{variant: speedups(layers, variant) for variant in variants},
+                               CUDNN: cudnn_default_speedups(rows, layers, cell[1])}))
         for variant in variants:
             if not speedups(layers, variant):
                 continue

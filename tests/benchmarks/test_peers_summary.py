@@ -47,6 +47,16 @@ def test_ours_is_the_fastest_of_our_backends_per_layer():
     assert summary.speedups(layers, "peer:sparsert") == pytest.approx([1.0 / 2.0, 6.0 / 3.0])
 
 
+def test_the_cudnn_column_is_pytorchs_default_tf32_for_fp32_and_fp16_as_is():
+    """Ours (2.0 and 3.0 ms) over cuDNN TF32 (2.5 ms), not over cuDNN fp32 with TF32 off (5.0 ms)."""
+    rows = _run()
+    assert summary.cudnn_default_speedups(rows, summary.layer_table(rows, "fp32"), "fp32") == \
+        pytest.approx([2.5 / 2.0, 2.5 / 3.0])
+    half = [dict(row, dtype="fp16") for row in rows if row["dtype"] == "fp32"]
+    assert summary.cudnn_default_speedups(half, summary.layer_table(half, "fp16"), "fp16") == \
+        pytest.approx([5.0 / 2.0, 5.0 / 3.0])
+
+
 def test_two_rows_of_one_peer_for_a_layer_are_refused():
     rows = _run() + [_row("r1", "2026-11-26T10:00:00Z", "a", "peer:sparsert", "fp32", 1.5)]
     with pytest.raises(ValueError, match="two peer:sparsert rows for layer a"):
@@ -133,7 +143,7 @@ def test_a_conv_with_per_image_unfold_gets_no_entry_above_batch_one(tmp_path):
     done = run_script("peers_summary", tmp_path, _write(tmp_path / "n32.jsonl", rows(32)), "--headline", headline)
     names = {entry["name"] for entry in json.loads(headline.read_text())["entries"]}
     assert names == {"peers resnet50 fp32 N=32: ours vs sparsert-kernel"}
-    assert "| resnet50, fp32, 32 | 1.00x (0.50-2.00x, 2) | 0.50x (0.25-1.00x, 2) |" in done.stdout
+    assert "| resnet50, fp32, 32 | 1.00x (0.50-2.00x, 2) | 0.50x (0.25-1.00x, 2) | 1.02x (0.83-1.25x, 2) |" in done.stdout
     summary.main([str(_write(tmp_path / "n1.jsonl", rows(1))), "--headline", str(headline)])
     assert "peers resnet50 fp32 N=1: ours vs sparsert" in {e["name"] for e in json.loads(headline.read_text())["entries"]}
 
