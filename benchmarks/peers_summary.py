@@ -5,10 +5,9 @@ Usage: python benchmarks/peers_summary.py [--headline PATH] RESULTS_FILE.jsonl .
 For every (suite, dtype, N), from the file of its newest run: one markdown line per layer (cuDNN at the
 same dtype, our fastest backend and its time, every peer variant's time, in microseconds), then the
 geomean of our speedup over each variant; last, one summary line per cell, which also gives our speedup
-over cuDNN at PyTorch's default for the dtype (TF32 convs for fp32). Rewrites the headline
-entries "peers <suite> <dtype> N=<n>: ours vs <variant>" (none for a conv whose im2col ran once per
-image at N > 1; other entries unchanged; an entry's "readme" flag is kept, new ones get False),
-in the per-layer geomean form `tests/benchmarks/test_headline.py` recomputes. "Ours" is every backend
+over cuDNN at PyTorch's default for the dtype (TF32 convs for fp32). Rewrites the headline entries
+"peers <suite> <dtype> N=<n>: ours vs <variant>" (other entries unchanged; an entry's "readme" flag is
+kept, new ones get False), in the per-layer geomean form `tests/benchmarks/test_headline.py` recomputes. "Ours" is every backend
 of the run that is neither cuDNN, a dense baseline nor a peer; a cell's layers come from one file, each
 layer from one run.
 """
@@ -138,14 +137,6 @@ def print_cell(cell: Cell, path: str, layers: Dict[str, Dict[str, dict]], varian
                   f"({min(ratios):.2f}-{max(ratios):.2f}x, {len(ratios)} layers)")
 
 
-def per_image_im2col(layers: Dict[str, Dict[str, dict]], variant: str, batch: int) -> bool:
-    """Whether `variant`'s rows at batch > 1 timed a whole conv whose im2col was F.unfold, which
-    PyTorch's CUDA code launches once per image: Sputnik's conv before its adapter gathered the batch in one copy. Such a
-    conv is a baseline nobody would deploy, so it gets no headline entry."""
-    configs = [slot[variant].get("config") or {} for slot in layers.values() if variant in slot]
-    return batch > 1 and any(config.get("part") == "conv" and config.get("im2col") == "unfold" for config in configs)
-
-
 def cudnn_default_speedups(rows: List[dict], layers: Dict[str, Dict[str, dict]], dtype: str) -> List[float]:
     """Our speedup per layer over cuDNN at PyTorch's default for `dtype` (TF32 convs for fp32, as
     `torch.backends.cudnn.allow_tf32` is on by default; fp16 and bf16 as they are), same run."""
@@ -177,7 +168,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     headline = json.loads(args.headline.read_text())
     flags = {item["name"]: item.get("readme", False) for item in headline["entries"]}
-    made, left_out, summary = {}, set(), []
+    made, summary = {}, []
     for cell, (path, runs, rows) in sorted(newest_cells(args.files).items()):
         layers = layer_table(rows, cell[1])
         variants = sorted({key for slot in layers.values() for key in slot if key.startswith(PEER_PREFIX)})
@@ -188,12 +179,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             if not speedups(layers, variant):
                 continue
             item = entry(cell, path, runs, rows, layers, variant)
-            if per_image_im2col(layers, variant, cell[2]):
-                left_out.add(item["name"])
-            else:
-                made[item["name"]] = {**item, "readme": flags.get(item["name"], False)}
+            made[item["name"]] = {**item, "readme": flags.get(item["name"], False)}
     print_summary(summary)
-    kept = [made.pop(item["name"], item) for item in headline["entries"] if item["name"] not in left_out]
+    kept = [made.pop(item["name"], item) for item in headline["entries"]]
     headline["entries"] = kept + list(made.values())
     args.headline.write_text(json.dumps(headline, indent=1) + "\n")
 
