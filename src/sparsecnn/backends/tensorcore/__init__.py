@@ -1,0 +1,1 @@
+"""Backend `tensorcore`: sparse convolution on tensor cores over kept units (format.py, kernel.py)."""

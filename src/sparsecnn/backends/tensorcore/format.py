@@ -1,0 +1,88 @@
+"""The `tensorcore` weight format: kept units per output-channel group, packed as MMA B tiles.
+
+A *unit* is a run of `chunk` consecutive input channels at one kernel tap (r, s). Output channels
+are taken in `permutation` order and cut into groups of `group` channels (the last one padded).
+A unit is kept for a group when any of its group x chunk weights is non-zero; a group's reduction
+then runs over its kept units only, each one `chunk`-deep MMA step on tensor cores. With masks that
+`prune.tiles.reprune_tiles(..., chunk=...)` makes, every kept unit is fully dense; on any other
+mask the format stays exact and only spends MMA work on the zeros inside kept units.
+
+Within a group units are ordered by (chunk, r, s), so consecutive steps read the same channels of
+neighbouring pixels (cache reuse across taps).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitWeights:
+    """A (K, C, R, S) weight in units (module docstring).
+
+    values: (U, chunk, group), the weight's dtype: unit u's B tile, [input channel, output channel].
+    unit_tap: (U,) int32, r * S + s. unit_chunk: (U,) int32, the unit's input channels start at
+    unit_chunk * chunk. group_start: (num_groups + 1,) int32, group g owns units
+    [group_start[g], group_start[g + 1]). out_channel: (num_groups * group,) int32, the output
+    channel of each group row, -1 for padding rows. permuted: False when out_channel is 0..K-1
+    (then rows past K are padding).
+    """
+
+    values: torch.Tensor
+    unit_tap: torch.Tensor
+    unit_chunk: torch.Tensor
+    group_start: torch.Tensor
+    out_channel: torch.Tensor
+    kernel_shape: tuple
+    group: int
+    chunk: int
+    permuted: bool
+
+    @property
+    def num_groups(self) -> int:
+        return self.group_start.numel() - 1
+
+    @property
+    def num_units(self) -> int:
+        return self.unit_tap.numel()
+
+    def to(self, device) -> "UnitWeights":
+        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in
+                                            ("values", "unit_tap", "unit_chunk", "group_start", "out_channel")})
+
+
+def _check_permutation(permutation: Sequence[int], channels: int) -> list:
+    order = [int(k) for k in permutation]
+    if sorted(order) != list(range(channels)):
+        raise ValueError(f"permutation must hold each output channel 0..{channels - 1} once, got {len(order)} "
+                         "entries that do not")
+    return order
+
+
+def pack_units(weight: torch.Tensor, group: int, chunk: int,
+               permutation: Optional[Sequence[int]] = None) -> UnitWeights:
+    """Pack a dense (K, C, R, S) `weight` with zeros into units of `chunk` input channels for
+    groups of `group` output channels taken in `permutation` order (default 0..K-1)."""
+    if weight.dim() != 4:
+        raise ValueError(f"weight must be (K, C, R, S), got shape {tuple(weight.shape)}")
+    K, C, R, S = weight.shape
+    order = list(range(K)) if permutation is None else _check_permutation(permutation, K)
+    num_groups = -(-K // group)
+    chunks = -(-C // chunk)
+    rows = torch.full((num_groups * group,), -1, dtype=torch.int64)
+    rows[:K] = torch.as_tensor(order, dtype=torch.int64)
+    padded = torch.zeros(num_groups * group, chunks * chunk, R, S, dtype=weight.dtype, device=weight.device)
+    padded[:K, :C] = weight.detach()[rows[:K].to(weight.device)]
+    blocks = padded.reshape(num_groups, group, chunks, chunk, R, S)
+    kept = blocks.ne(0).any(dim=3).any(dim=1)  # (groups, chunks, R, S)
+    g, c, r, s = kept.nonzero(as_tuple=True)  # lexicographic: by group, then (chunk, r, s)
+    values = blocks[g, :, c, :, r, s]  # (U, group, chunk)
+    counts = torch.bincount(g, minlength=num_groups)
+    group_start = torch.zeros(num_groups + 1, dtype=torch.int32)
+    group_start[1:] = torch.cumsum(counts.cpu(), 0)
+    return UnitWeights(values=values.transpose(1, 2).contiguous(), unit_tap=(r * S + s).to(torch.int32),
+                       unit_chunk=c.to(torch.int32), group_start=group_start.to(weight.device),
+                       out_channel=rows.to(torch.int32).to(weight.device), kernel_shape=(K, C, R, S),
+                       group=group, chunk=chunk, permuted=order != list(range(K)))
