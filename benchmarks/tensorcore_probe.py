@@ -101,7 +101,7 @@ for name in wanted:
                 continue
             emit(spec, "tensorcore", pattern, config.to_dict(), benchmark(fn, device, hide_launch=True),
                  rel_err(y, ref), {"units": packed.num_units})
-        if dtype != torch.float32 and chunk >= 16:
+        if dtype != torch.float32 and chunk >= 16 and spec.K % group == 0 and spec.C % chunk == 0:
             flat = weight.permute(0, 2, 3, 1).reshape(spec.K, -1)
             bsr = flat.to_sparse_bsr((group, chunk))
             cols = im2col_rsc(x, spec)
