@@ -26,7 +26,7 @@ from sparsecnn.nn import SparseConv2d
 
 # Odd sizes, a rectangular stride; K = 64 so that blocks' row groups (K / 8 rows) can hold a block.
 SPEC = ConvSpec(1, 5, 64, 9, 7, 3, 3, (2, 1), 1)
-TRITON_BACKENDS = ("direct", "blocks")  # run on the CPU in Triton's interpreter only
+TRITON_BACKENDS = ("direct", "blocks", "tensorcore")  # run on the CPU in Triton's interpreter only
 FALLS_BACK_AT_N1 = {"staged": "multiple of 32"}  # backend -> what its reason for refusing N=1 says
 EPILOGUES = {"none": (False, False), "relu": (True, False), "residual-relu": (True, True)}  # (relu, residual)
 

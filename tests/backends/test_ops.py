@@ -33,7 +33,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 SPEC = ConvSpec(3, 5, 17, 7, 9, 3, 3, (2, 1), 1)
 BLOCKS_SPEC = ConvSpec(2, 3, 64, 5, 7, 3, 3, (2, 1), 1)
 TINY = ConvSpec(2, 3, 5, 5, 6, 3, 3, 1, 1)  # for opcheck, which runs each op several times
-TRITON = [pytest.param("direct", marks=needs_interpreter), pytest.param("blocks", marks=needs_interpreter)]
+TRITON = [pytest.param(name, marks=needs_interpreter) for name in ("direct", "blocks", "tensorcore")]
 CPU_BACKENDS = ["dense", "im2col-cublas", "im2col-cusparse", *TRITON]
 EPILOGUES = [(False, False), (True, False), (False, True), (True, True)]  # (relu, residual)
 

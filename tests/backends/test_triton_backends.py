@@ -13,7 +13,7 @@ from sparsecnn.core.spec import ConvSpec
 
 SMALL = ConvSpec(3, 3, 33, 13, 13, 3, 3, 2, 1, name="small")
 LARGE = ConvSpec(32, 256, 256, 14, 14, 3, 3, 1, 1, name="r50-layer3-3x3")
-TRITON_BACKENDS = ("direct", "blocks")
+TRITON_BACKENDS = ("direct", "blocks", "tensorcore")
 
 
 @pytest.mark.parametrize("name", TRITON_BACKENDS)

@@ -11,6 +11,7 @@ from sparsecnn.backends.direct import backend as _direct  # noqa: F401  (imports
 from sparsecnn.backends.blocks import backend as _blocks  # noqa: F401  (imports triton only on first use)
 from sparsecnn.backends.staged import backend as _staged  # noqa: F401  (triton and CUDA code only on first use)
 from sparsecnn.backends.unrolled import backend as _unrolled  # noqa: F401  (triton and CUDA code only on first use)
+from sparsecnn.backends.tensorcore import backend as _tensorcore  # noqa: F401  (imports triton only on first use)
 from sparsecnn.core.registry import Backend, backend_names, config_to_dict, get_backend, register_backend
 
 __all__ = ["Backend", "backend_names", "config_to_dict", "get_backend", "register_backend"]

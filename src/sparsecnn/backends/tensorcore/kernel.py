@@ -14,45 +14,53 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
 from sparsecnn.backends.tensorcore.format import UnitWeights
+from sparsecnn.core.checks import check_residual, check_triton_input, config_from_dict
 
 GROUPS = (16, 32, 64, 128)
 CHUNKS = (8, 16, 32, 64)
 BLOCK_MS = (32, 64, 128, 256)
-PRECISIONS = ("tf32", "ieee")
+PRECISIONS = ("ieee", "tf32")
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorCoreConfig:
     """group: output channels per program (MMA N), one of GROUPS; chunk: input channels per unit
     (MMA K step), one of CHUNKS; block_m: output pixels per program (MMA M), one of BLOCK_MS;
-    num_warps 4 or 8; num_stages 2-5 (shared-memory pipeline depth)."""
+    num_warps 4 or 8; num_stages 2-5 (shared-memory pipeline depth); precision: how fp32 inputs
+    are multiplied, "ieee" (exact, FMA units) or "tf32" (tensor cores, inputs rounded to TF32, as
+    PyTorch's default convolutions); fp16/bf16 always run on tensor cores and carry "ieee".
+    (group, chunk) shape the packed weight (`packing`); the others only the launch."""
 
     group: int = 64
     chunk: int = 32
     block_m: int = 128
     num_warps: int = 4
     num_stages: int = 3
+    precision: str = "ieee"
 
     def __post_init__(self):
         for name, allowed in (("group", GROUPS), ("chunk", CHUNKS), ("block_m", BLOCK_MS),
-                              ("num_warps", (4, 8)), ("num_stages", (2, 3, 4, 5))):
+                              ("num_warps", (4, 8)), ("num_stages", (2, 3, 4, 5)), ("precision", PRECISIONS)):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:
                 raise ValueError(f"TensorCoreConfig.{name} must be one of {allowed}, got {value!r}")
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    @property
+    def packing(self) -> Tuple[int, int]:
+        """(group, chunk): what a `UnitWeights` is packed for."""
+        return self.group, self.chunk
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TensorCoreConfig":
-        return cls(**data)
+    def from_dict(cls, saved: dict) -> "TensorCoreConfig":
+        """Rebuild from `dataclasses.asdict` output (unknown keys are an error)."""
+        return config_from_dict(cls, saved)
 
 
 @triton.jit
@@ -121,21 +129,27 @@ def output_shape(x_shape, kernel_shape, stride, padding) -> tuple:
 
 def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: TensorCoreConfig,
               bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
-              relu: bool = False, precision: str = "tf32", out: Optional[torch.Tensor] = None) -> torch.Tensor:
+              relu: bool = False) -> torch.Tensor:
     """y = relu?(conv(x, W) + bias + residual) with W in units (format.py); dilation 1, groups 1.
 
-    x: (N, C, H, W) in channels_last memory, fp16/bf16/fp32 (fp32: `precision` "tf32" or "ieee").
-    bias: (K,) or None; residual: (N, K, P, Q) channels_last of x's dtype or None.
-    Returns (N, K, P, Q) in channels_last memory, x's dtype (written into `out` when given).
+    x: (N, C, H, W) fp16/bf16/fp32 on CUDA (CPU with TRITON_INTERPRET=1), channels_last memory
+    (another layout is copied to it). bias: (K,) or None; residual: (N, K, P, Q) of x's dtype or None.
+    stride, padding: (h, w) pairs. Returns (N, K, P, Q) in channels_last memory, x's dtype.
     """
-    if config.group != packed.group or config.chunk != packed.chunk:
-        raise ValueError(f"config (group {config.group}, chunk {config.chunk}) does not match the packed weight "
-                         f"(group {packed.group}, chunk {packed.chunk})")
+    if config.packing != (packed.group, packed.chunk):
+        raise ValueError(f"config packing (group, chunk) = {config.packing} does not match the packed weight's "
+                         f"{(packed.group, packed.chunk)}; prepare the weight for this config")
+    check_triton_input(x, "tensorcore", (torch.float32, torch.float16, torch.bfloat16))
+    if x.shape[1] != packed.kernel_shape[1]:
+        raise ValueError(f"x has {x.shape[1]} channels, the weight expects {packed.kernel_shape[1]}")
+    x = x.contiguous(memory_format=torch.channels_last)
     N, C, H, W = x.shape
     K = packed.kernel_shape[0]
     shape = output_shape(x.shape, packed.kernel_shape, stride, padding)
-    y = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device,
-                                                memory_format=torch.channels_last)
+    check_residual(residual, shape, x)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    if residual is not None:
+        residual = residual.contiguous(memory_format=torch.channels_last)
     M = N * shape[2] * shape[3]
     if M == 0:
         return y
@@ -147,12 +161,27 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
         packed.num_groups,
         BLOCK_M=config.block_m, GROUP=config.group, CHUNK=config.chunk, ROW_ALIGN=_row_align(C, config.chunk),
         EVEN_C=C % config.chunk == 0, PERMUTED=packed.permuted, HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=residual is not None, RELU=relu, PRECISION=precision,
+        HAS_RESIDUAL=residual is not None, RELU=relu,
+        PRECISION="tf32" if x.dtype == torch.float32 and config.precision == "tf32" else "ieee",
         num_warps=config.num_warps, num_stages=config.num_stages)
     return y
 
 
-def candidate_configs(group: int, chunk: int) -> List[TensorCoreConfig]:
-    """The launch configs the tuner times for a weight packed at (group, chunk)."""
-    return [TensorCoreConfig(group, chunk, block_m, warps, stages)
-            for block_m, warps, stages in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 3))]
+# (block_m, num_warps, num_stages) per launch. Probe on ResNet-50's layers (H200, fp16, N=32,
+# benchmarks/results/2026-11-28-h200-tensorcore-probe-fp16-4598191.jsonl): (64, 4, 3) won 45 of 56
+# (layer, packing) cells; keeping 4 warps and 3 stages lost at most 1% where others won.
+_LAUNCHES = ((64, 4, 3), (128, 4, 3), (32, 4, 3))
+# (group, chunk) packings: 64 x 32 and 64 x 64 won most layers of the probe, 128 x 32 and 64 x 16 a few.
+_PACKINGS = ((64, 32), (64, 64), (32, 32), (64, 16), (128, 32))
+
+
+def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
+    """Configs for the autotuner, default first: every packing of _PACKINGS whose group and chunk
+    do not exceed the layer's K and C (rounded up to a power of two, at least 16 and 8) with every
+    launch of _LAUNCHES; fp32 configs carry "ieee" (the tuner adds "tf32" variants where the
+    precision policy allows)."""
+    groups = max(16, 1 << (spec.K - 1).bit_length())
+    chunks = max(8, 1 << (spec.C - 1).bit_length())
+    packings = [(min(g, groups), min(c, chunks)) for g, c in _PACKINGS]
+    return list(dict.fromkeys(TensorCoreConfig(g, c, m, w, st) for g, c in dict.fromkeys(packings)
+                              for m, w, st in _LAUNCHES))

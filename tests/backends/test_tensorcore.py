@@ -1,0 +1,335 @@
+"""Backend `tensorcore`: the unit format, configs, the kernel against the fp64 reference, the op.
+
+The kernel runs on CPU through Triton's interpreter (TRITON_INTERPRET=1, as `make test` sets) on tiny
+odd shapes, and, marked `gpu`, on CUDA in every dtype with every config the tuner can pick.
+"""
+import dataclasses
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers.common import INTERPRET, needs_cuda, needs_interpreter
+
+from sparsecnn.backends import get_backend
+from sparsecnn.backends.tensorcore.format import pack_units, support_order
+from sparsecnn.core.reference import reference_conv, relative_error
+from sparsecnn.core.spec import ConvSpec
+from sparsecnn.nn import SparseConv2d
+
+gpu = pytest.mark.gpu
+
+if INTERPRET or torch.cuda.is_available():
+    from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig, candidate_configs, unit_conv
+
+# Triton's interpreter converts a tensor loop bound with int() on a 1-element array (numpy warns).
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+
+def unit_weight(K, C, R, S, group, chunk, keep=0.3, seed=0, scatter=0.0):
+    """A (K, C, R, S) weight whose rows, in groups of `group` (after a random channel shuffle),
+    share kept units of `chunk` channels at one tap; `scatter`: extra unstructured non-zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    groups, chunks = -(-K // group), -(-C // chunk)
+    kept = torch.rand(groups, chunks, R, S, generator=gen) < keep
+    mask = kept[:, None, :, None].expand(groups, group, chunks, chunk, R, S)
+    mask = mask.reshape(groups * group, chunks * chunk, R, S)[:K, :C]
+    mask = mask[torch.randperm(K, generator=gen)] | (torch.rand(K, C, R, S, generator=gen) < scatter)
+    return torch.randn(K, C, R, S, generator=gen) * mask
+
+
+def inputs(shape, seed=1, device="cpu", dtype=torch.float32):
+    """Random, never all zeros, shifted so that ReLU keeps some outputs and zeroes others."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) + 0.1).to(device=device, dtype=dtype)
+
+
+def unpack(packed):
+    """The dense (K, C, R, S) weight a `UnitWeights` holds."""
+    K, C, R, S = packed.kernel_shape
+    chunks = -(-C // packed.chunk)
+    dense = torch.zeros(packed.num_groups * packed.group, chunks * packed.chunk, R * S, dtype=packed.values.dtype)
+    for g in range(packed.num_groups):
+        for u in range(int(packed.group_start[g]), int(packed.group_start[g + 1])):
+            c0 = int(packed.unit_chunk[u]) * packed.chunk
+            rows = slice(g * packed.group, (g + 1) * packed.group)
+            dense[rows, c0:c0 + packed.chunk, int(packed.unit_tap[u])] += packed.values[u].T
+    out = torch.zeros(K, C, R * S, dtype=dense.dtype)
+    channels = packed.out_channel.long()
+    out[channels[channels >= 0]] = dense[channels >= 0][:, :C]
+    return out.reshape(K, C, R, S)
+
+
+def expected(x, weight, bias, stride, padding, relu=False, residual=None):
+    y = reference_conv(x, weight, bias, stride=stride, padding=padding, fp64=True)
+    y = y if residual is None else y + residual.double()
+    return y.clamp(min=0) if relu else y
+
+
+# --- format ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("K,C,R,group,chunk", [(33, 3, 3, 16, 8), (64, 20, 1, 32, 16), (17, 40, 5, 16, 32),
+                                               (128, 64, 3, 64, 64)])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_pack_units_holds_the_weight_exactly(K, C, R, group, chunk, ordered):
+    weight = unit_weight(K, C, R, R, group, chunk, scatter=0.02)
+    order = support_order(weight, chunk) if ordered else None
+    packed = pack_units(weight, group, chunk, order)
+    assert torch.equal(unpack(packed), weight)
+    assert packed.values.shape == (packed.num_units, chunk, group)
+    assert packed.group_start[0] == 0 and packed.group_start[-1] == packed.num_units
+    assert torch.all(packed.group_start[1:] >= packed.group_start[:-1])
+    assert packed.permuted == (order is not None and order != list(range(K)))
+
+
+def test_support_order_recovers_the_tiles_of_a_unit_pruning():
+    """Rows that share their units (a re-pruning's tiles, shuffled) come out as whole groups: every
+    kept unit is dense, no MMA work is spent on zeros."""
+    weight = unit_weight(96, 64, 3, 3, 32, 16, keep=0.2, seed=4)
+    packed = pack_units(weight, 32, 16, support_order(weight, 16))
+    assert packed.num_units * 32 * 16 == int(weight.ne(0).sum())
+    unordered = pack_units(weight, 32, 16)
+    assert unordered.num_units > packed.num_units
+
+
+def test_all_zero_and_dense_weights():
+    zero = pack_units(torch.zeros(33, 3, 3, 3), 16, 8)
+    assert zero.num_units == 0 and zero.group_start.tolist() == [0, 0, 0, 0]
+    dense = pack_units(torch.randn(33, 3, 3, 3) + 5, 16, 8)
+    assert dense.num_units == 3 * 9  # three groups, one chunk, nine taps
+
+
+def test_pack_units_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="permutation"):
+        pack_units(torch.randn(4, 3, 3, 3), 16, 8, [0, 1, 1, 3])
+    with pytest.raises(ValueError, match=r"\(K, C, R, S\)"):
+        pack_units(torch.randn(4, 3, 3), 16, 8)
+
+
+# --- configs --------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="imports triton")
+def test_config_checks_and_candidates():
+    config = TensorCoreConfig()
+    assert TensorCoreConfig.from_dict(dataclasses.asdict(config)) == config
+    for field, bad in [("group", 24), ("chunk", 4), ("block_m", 48), ("num_warps", 2), ("num_stages", 1),
+                       ("precision", "tf32x3"), ("group", True)]:
+        with pytest.raises(ValueError, match=f"TensorCoreConfig.{field}"):
+            TensorCoreConfig(**{field: bad})
+    with pytest.raises(ValueError, match="unknown keys"):
+        TensorCoreConfig.from_dict({"group": 64, "tiles": 3})
+    small = candidate_configs(ConvSpec(1, 3, 33, 13, 13, 3, 3), torch.float16)
+    assert small and all(c.group <= 64 and c.chunk == 8 for c in small)
+    assert len(set(small)) == len(small)
+    large = candidate_configs(ConvSpec(1, 256, 256, 14, 14, 3, 3), torch.float16)
+    assert {c.packing for c in large} == {(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)}
+
+
+# --- kernel on the CPU (interpreter) -------------------------------------------------------------
+
+ODD_SHAPES = [  # (N, C, K, H, W, R, stride, padding)
+    (2, 3, 33, 13, 11, 3, 1, 1), (1, 3, 33, 13, 13, 3, 2, 0), (2, 20, 17, 9, 7, 1, 1, 0),
+    (1, 8, 40, 13, 13, 5, 3, 2), (1, 16, 16, 7, 9, 7, 1, 3), (0, 8, 16, 5, 5, 3, 1, 1),
+    (1, 12, 24, 6, 6, 3, 2, 3),
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("N,C,K,H,W,R,stride,padding", ODD_SHAPES)
+def test_kernel_matches_fp64_on_odd_shapes(N, C, K, H, W, R, stride, padding):
+    config = TensorCoreConfig(group=16, chunk=8, block_m=32)
+    weight = unit_weight(K, C, R, R, 16, 8, keep=0.4, scatter=0.05)
+    packed = pack_units(weight, 16, 8, support_order(weight, 8))
+    x, bias = inputs((N, C, H, W)), torch.randn(K)
+    y = unit_conv(x, packed, (stride, stride), (padding, padding), config, bias=bias)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    ref = expected(x, weight, bias, stride, padding)
+    assert y.shape == ref.shape
+    if N:
+        assert relative_error(y, ref) < 1e-5
+
+
+@needs_interpreter
+@pytest.mark.parametrize("config", [TensorCoreConfig(g, c, m, w, s) for g, c, m, w, s in
+                                    [(16, 8, 32, 4, 3), (32, 16, 64, 4, 3), (64, 8, 32, 8, 2),
+                                     (16, 32, 128, 4, 3)]], ids=str)
+def test_kernel_every_tile_shape_with_residual_and_relu(config):
+    N, C, K, H, R = 2, 24, 40, 9, 3
+    weight = unit_weight(K, C, R, R, config.group, config.chunk, keep=0.5, scatter=0.05)
+    packed = pack_units(weight, config.group, config.chunk, support_order(weight, config.chunk))
+    x, bias = inputs((N, C, H, H)), torch.randn(K)
+    residual = inputs((N, K, H, H), seed=5)
+    y = unit_conv(x, packed, (1, 1), (1, 1), config, bias=bias, residual=residual, relu=True)
+    assert relative_error(y, expected(x, weight, bias, 1, 1, relu=True, residual=residual)) < 1e-5
+
+
+@needs_interpreter
+def test_kernel_all_zero_and_fully_dense_weights():
+    config = TensorCoreConfig(group=16, chunk=8, block_m=32)
+    x, bias = inputs((2, 3, 13, 13)), torch.randn(33)
+    zero = torch.zeros(33, 3, 3, 3)
+    y = unit_conv(x, pack_units(zero, 16, 8), (1, 1), (1, 1), config, bias=bias, relu=True)
+    assert torch.equal(y, bias.clamp(min=0).view(1, -1, 1, 1).expand_as(y))
+    dense = torch.randn(33, 3, 3, 3)
+    y = unit_conv(x, pack_units(dense, 16, 8), (2, 2), (1, 1), config, bias=bias)
+    assert relative_error(y, expected(x, dense, bias, 2, 1)) < 1e-5
+
+
+@needs_interpreter
+def test_kernel_refuses_a_config_of_another_packing():
+    packed = pack_units(torch.randn(16, 8, 3, 3), 16, 8)
+    with pytest.raises(ValueError, match="packing"):
+        unit_conv(inputs((1, 8, 5, 5)), packed, (1, 1), (1, 1), TensorCoreConfig(group=32, chunk=8))
+
+
+@needs_interpreter
+def test_backend_prepare_bind_and_sparse_conv2d():
+    backend = get_backend("tensorcore")
+    spec = ConvSpec(2, 16, 33, 9, 9, 3, 3, 1, 1)
+    weight = unit_weight(33, 16, 3, 3, 16, 8, keep=0.3)
+    bias = torch.randn(33)
+    x = inputs((2, 16, 9, 9))
+    ref = expected(x, weight, bias, 1, 1)
+    config = TensorCoreConfig(group=16, chunk=8, block_m=32)
+    assert backend.config_from_dict(dataclasses.asdict(config)) == config
+    packed = backend.prepare(weight, config)
+    assert packed.num_units * 16 * 8 <= int(weight.ne(0).sum()) * 2
+    assert relative_error(backend.run(x, packed, bias, spec, config), ref) < 1e-5
+    with pytest.raises(ValueError, match="packing"):
+        backend.bind(packed, spec, TensorCoreConfig(group=32, chunk=8), torch.float32, True)
+    conv = torch.nn.Conv2d(16, 33, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.copy_(weight)
+        conv.bias.copy_(bias)
+    module = SparseConv2d.from_dense(conv, backend="tensorcore", config=config)
+    with torch.no_grad():
+        assert relative_error(module(x), ref) < 1e-5
+    assert module.fallback_reason is None
+
+
+@needs_interpreter
+def test_op_passes_opcheck():
+    backend = get_backend("tensorcore")
+    spec = ConvSpec(2, 8, 16, 5, 6, 3, 3, 1, 1)
+    config = TensorCoreConfig(group=16, chunk=8, block_m=32)
+    call = backend.bind(backend.prepare(unit_weight(16, 8, 3, 3, 16, 8), config), spec, config, torch.float32, True)
+    x, bias, residual = inputs((2, 8, 5, 6)), torch.randn(16), inputs((2, 16, 5, 6), seed=2)
+    args = (x, *call.tensors, bias, residual, *call.static, True)
+    torch.library.opcheck(torch.ops.sparsecnn.tensorcore_conv2d.default, args)
+
+
+# --- GPU ------------------------------------------------------------------------------------------
+
+GPU_MODES = [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.float16, "ieee"), (torch.bfloat16, "ieee")]
+GPU_SHAPES = [  # (N, C, K, H, R, stride, padding)
+    (3, 3, 33, 13, 3, 1, 1), (1, 24, 40, 13, 1, 2, 0), (2, 64, 96, 14, 3, 2, 1), (1, 32, 33, 9, 7, 1, 3),
+    (2, 48, 64, 11, 5, 3, 2), (0, 16, 16, 7, 3, 1, 1),
+]
+
+
+def tf32_rounding_error(x, weight, bias, stride, padding):
+    """Error against fp64 of the exact conv of x and weight truncated to TF32 (10-bit mantissa)."""
+    def to_tf32(t):
+        return (t.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+    return relative_error(expected(to_tf32(x), to_tf32(weight), bias, stride, padding),
+                          expected(x, weight, bias, stride, padding))
+
+
+def gpu_limit(x, weight, bias, stride, padding, precision):
+    """fp32 exact: 1e-5; TF32: 2x the TF32 rounding's own error; fp16/bf16: 2x cuDNN's own error."""
+    if x.dtype == torch.float32 and precision == "ieee":
+        return 1e-5
+    if x.dtype == torch.float32:
+        return 2 * tf32_rounding_error(x, weight, bias, stride, padding) + 1e-5
+    torch.backends.cudnn.allow_tf32 = False
+    own = relative_error(F.conv2d(x, weight, bias, stride, padding), expected(x, weight, bias, stride, padding))
+    return 2 * own + 1e-5
+
+
+def check_gpu_layer(shape, dtype, config, epilogues):
+    N, C, K, H, R, stride, padding = shape
+    spec = ConvSpec(N, C, K, H, H, R, R, stride, padding)
+    x = inputs((N, C, H, H), device="cuda", dtype=dtype)
+    bias = torch.randn(K, device="cuda").to(dtype)
+    residual = inputs((N, K, spec.P, spec.Q), seed=7, device="cuda", dtype=dtype)
+    backend = get_backend("tensorcore")
+    weight = unit_weight(K, C, R, R, config.group, config.chunk, keep=0.3, scatter=0.02).cuda().to(dtype)
+    packed = backend.prepare(weight, config)
+    for relu, with_residual in epilogues:
+        res = residual if with_residual else None
+        ref = expected(x, weight, bias, stride, padding, relu, res)
+        torch.empty(ref.numel() * 4, dtype=torch.uint8, device="cuda").fill_(0xFF)  # poison
+        y = backend.run(x, packed, bias, spec, config, relu=relu, residual=res)
+        assert y.shape == ref.shape
+        if N:
+            limit = gpu_limit(x, weight, bias, stride, padding, config.precision)
+            assert relative_error(y, ref) <= limit, (config, relu)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,precision", GPU_MODES, ids=str)
+def test_gpu_every_candidate_config(dtype, precision):
+    """Every config the tuner may pick (all packings on this layer), with residual and ReLU."""
+    shape = (2, 64, 96, 14, 3, 2, 1)
+    spec = ConvSpec(*shape[:4], shape[3], shape[4], shape[4], *shape[5:])
+    for config in candidate_configs(spec, dtype):
+        check_gpu_layer(shape, dtype, dataclasses.replace(config, precision=precision), [(True, True)])
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,precision", GPU_MODES, ids=str)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_odd_shapes(shape, dtype, precision):
+    N, C, K, H, R, stride, padding = shape
+    config = candidate_configs(ConvSpec(max(N, 1), C, K, H, H, R, R, stride, padding), dtype)[0]
+    check_gpu_layer(shape, dtype, dataclasses.replace(config, precision=precision), [(False, False), (True, True)])
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gpu_zero_dense_and_nchw_inputs(dtype):
+    backend = get_backend("tensorcore")
+    spec = ConvSpec(2, 40, 70, 10, 10, 3, 3, 1, 1)
+    x = inputs((2, 40, 10, 10), device="cuda", dtype=dtype)
+    bias = torch.randn(70, device="cuda").to(dtype)
+    for config in candidate_configs(spec, dtype)[:3]:
+        zero = torch.zeros(70, 40, 3, 3, device="cuda", dtype=dtype)
+        y = backend.run(x, backend.prepare(zero, config), bias, spec, config, relu=True)
+        assert torch.equal(y, bias.clamp(min=0).view(1, -1, 1, 1).expand_as(y))
+        dense = torch.randn(70, 40, 3, 3, device="cuda").to(dtype)
+        packed = backend.prepare(dense, config)
+        ref = expected(x, dense, bias, 1, 1)
+        for layout in (torch.contiguous_format, torch.channels_last):
+            y = backend.run(x.contiguous(memory_format=layout), packed, bias, spec, config)
+            assert relative_error(y, ref) <= gpu_limit(x, dense, bias, 1, 1, config.precision), (config, layout)
+
+
+@gpu
+@needs_cuda
+def test_gpu_cuda_graph_capture():
+    backend = get_backend("tensorcore")
+    spec = ConvSpec(4, 64, 64, 14, 14, 3, 3, 1, 1)
+    config = candidate_configs(spec, torch.float16)[0]
+    weight = unit_weight(64, 64, 3, 3, config.group, config.chunk).cuda().half()
+    call = backend.bind(backend.prepare(weight, config), spec, config, torch.float16, False)
+    x = inputs((4, 64, 14, 14), device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    expected_y = call(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = call(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, expected_y)
+
+
+def test_candidate_packings_are_all_tested_on_the_gpu():
+    """The layer of test_gpu_every_candidate_config offers every packing and launch there is."""
+    if not (INTERPRET or torch.cuda.is_available()):
+        pytest.skip("imports triton")
+    configs = candidate_configs(ConvSpec(2, 64, 96, 14, 14, 3, 3, 2, 1), torch.float16)
+    assert {c.packing for c in configs} == {(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)}
+    assert {(c.block_m, c.num_warps, c.num_stages) for c in configs} == set(itertools.product((64, 128, 32), (4,), (3,)))
