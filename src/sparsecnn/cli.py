@@ -162,17 +162,25 @@ def _cmd_prune(args) -> None:
 
 
 def _tile_option(args) -> dict:
-    """The method options `--tile` gives: {"tile": 16 | 32 | 64 | "auto"} for reprune-tiles, else {}
-    (ValueError for a bad value or for --tile with another method)."""
-    if args.tile is None:
+    """The method options `--tile` and `--chunk` give: {"tile": 16 | 32 | 64 | "auto", "chunk": 1 | 8 |
+    16 | 32} for reprune-tiles, else {} (ValueError for a bad value or for either with another method)."""
+    if args.tile is None and args.chunk is None:
         return {}
     if args.method != "reprune-tiles":
-        raise ValueError(f"--tile applies to --method reprune-tiles only, got --method {args.method}")
-    from sparsecnn.prune.tiles import TILE_SIZES
+        flag = "--tile" if args.tile is not None else "--chunk"
+        raise ValueError(f"{flag} applies to --method reprune-tiles only, got --method {args.method}")
+    from sparsecnn.prune.tiles import CHUNK_SIZES, TILE_SIZES
 
-    if args.tile != "auto" and args.tile not in {str(size) for size in TILE_SIZES}:
-        raise ValueError(f"--tile must be one of {', '.join(map(str, TILE_SIZES))} or auto, got {args.tile!r}")
-    return {"tile": args.tile if args.tile == "auto" else int(args.tile)}
+    options = {}
+    if args.tile is not None:
+        if args.tile != "auto" and args.tile not in {str(size) for size in TILE_SIZES}:
+            raise ValueError(f"--tile must be one of {', '.join(map(str, TILE_SIZES))} or auto, got {args.tile!r}")
+        options["tile"] = args.tile if args.tile == "auto" else int(args.tile)
+    if args.chunk is not None:
+        if args.chunk not in CHUNK_SIZES:
+            raise ValueError(f"--chunk must be one of {', '.join(map(str, CHUNK_SIZES))}, got {args.chunk!r}")
+        options["chunk"] = args.chunk
+    return options
 
 
 def _start_model(name: str, num_classes: int, checkpoint, device: str):
@@ -407,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--tile", default=None,
                        help="reprune-tiles: output channels per tile sharing their kept columns, 16, 32, 64 or "
                             "auto (per layer; default 32)")
+    prune.add_argument("--chunk", type=int, default=None,
+                       help="reprune-tiles: input channels per kept unit (one tap), 1, 8, 16 or 32 (default 1); "
+                            "units of 8 or more are what backend tensorcore loads fast")
     prune.add_argument("--data", default="digits",
                        help="digits, imagefolder:PATH (PATH/<class>/<image>, or PATH/train + PATH/val) or "
                             "cifar10:PATH (torchvision's CIFAR-10 python format)")

@@ -302,6 +302,17 @@ def test_tiles_pattern_re_prunes_into_tiles_handed_to_blocks():
     assert decomposition.report.partitioner == "given" and decomposition.report.share_in_blocks == 1.0
     with pytest.raises(ValueError, match="tiles of 16, 32, 64 rows"):
         make_weight(spec, 0.8, "tiles8-random", seed=0, device="cpu")
+    with pytest.raises(ValueError, match="chunk of 1, 8, 16, 32"):
+        make_weight(spec, 0.8, "tiles16x4-random", seed=0, device="cpu")
+
+
+def test_chunked_tiles_pattern_keeps_whole_units():
+    spec = ConvSpec(1, 32, 64, 13, 13, 3, 3, name="odd")
+    weight, label = make_weight(spec, 0.9, "tiles32x16-random", seed=0, device="cpu")
+    assert label == "tiles32x16-random"
+    units = (weight != 0).reshape(64, 2, 16, 9)
+    assert torch.equal(units.all(dim=2), units.any(dim=2))  # a unit is all kept or all pruned
+    assert abs((weight != 0).float().mean().item() - 0.1) < 0.02
 
 
 def test_bench_model_tiles_pattern_labels_rows_and_hands_tiles_to_blocks():

@@ -228,6 +228,8 @@ def test_to_dict_from_dict_round_trip_through_json():
     (dict(remainder=1.0), "TileParams.remainder"),
     (dict(remainder=-0.1), "TileParams.remainder"),
     (dict(order="spectral"), "TileParams.order"),
+    (dict(chunk=4), "TileParams.chunk"),
+    (dict(chunk=True), "TileParams.chunk"),
 ])
 def test_tile_params_validation_names_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
@@ -300,3 +302,63 @@ def test_cli_reprune_tiles_takes_the_tile_size(tmp_path):
         rows = _matrix(masks[name])
         assert len({tuple(row) for row in rows}) <= -(-channels // 16) + 1
         assert masks[name].sum().item() == round(0.1 * masks[name].numel())
+
+
+@pytest.mark.parametrize("shape,chunk", [((33, 20, 3, 3), 8), ((64, 64, 1, 1), 16), ((40, 3, 5, 5), 32),
+                                         ((64, 96, 3, 3), 32)])
+def test_chunked_tiles_keep_whole_units_near_the_target(shape, chunk):
+    """With chunks every group keeps whole units (all channels of a chunk at a tap, cut at C), and
+    the cells come from units only. The kept count is within one tile x chunk of the target when
+    chunk divides C; a short last chunk is counted at the mean unit width, so within a quarter."""
+    gen = torch.Generator().manual_seed(2)
+    weight = torch.randn(shape, generator=gen)
+    decomposition = reprune_tiles(weight, None, TileParams(tile=16, sparsity=0.8, chunk=chunk))
+    K, C = shape[:2]
+    taps = math.prod(shape[2:])
+    target = round(0.2 * weight.numel())
+    slack = 16 * chunk if C % chunk == 0 else target // 4
+    assert abs(int(decomposition.mask.sum()) - target) <= slack
+    for group in decomposition.groups:
+        units = {(col // taps // chunk, col % taps) for col in group.cols}
+        expected = sorted(c * taps + tap for first, tap in units
+                          for c in range(first * chunk, min(C, (first + 1) * chunk)))
+        assert list(group.cols) == expected
+    rows = decomposition.mask.reshape(K, -1)
+    assert torch.equal(rows, _groups_mask(decomposition))
+
+
+def _groups_mask(decomposition):
+    matrix = torch.zeros(decomposition.shape[0], math.prod(decomposition.shape[1:]), dtype=torch.bool)
+    for group in decomposition.groups:
+        matrix[torch.tensor(group.rows)[:, None], torch.tensor(group.cols)[None, :]] = True
+    return matrix
+
+
+def test_chunked_tiles_keep_more_l2_than_a_random_unit_choice():
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(64, 32, 3, 3, generator=gen)
+    weight[:, :8] *= 4  # the first chunk of 8 channels carries most of the energy
+    decomposition = reprune_tiles(weight, None, TileParams(tile=32, sparsity=0.75, chunk=8))
+    assert decomposition.l2_kept > 0.5
+    kept = decomposition.mask.reshape(64, 4, 8, 9).any(dim=2)
+    assert kept[:, 0].all()  # every row keeps the strong chunk at every tap
+
+
+def test_cli_reprune_tiles_takes_the_chunk(tmp_path):
+    output = tmp_path / "units.pt"
+    assert main(["prune", "lenet5", "--method", "reprune-tiles", "--tile", "16", "--chunk", "8", "--sparsity", "0.8",
+                 "--epochs", "1", "--finetune-epochs", "1", "--device", "cpu", "-o", str(output)]) == 0
+    _, masks, _ = load_pruned(output)
+    mask = masks["conv2"]
+    padded = torch.zeros(50, 24, 5, 5, dtype=torch.bool)
+    padded[:, :20] = mask
+    chunks = padded.reshape(50, 3, 8, 25)
+    full = chunks[:, :2]  # whole chunks of 8 channels: all kept or all pruned at each tap
+    assert torch.equal(full.all(dim=2), full.any(dim=2))
+
+def test_cli_refuses_a_bad_chunk(tmp_path, capsys):
+    assert main(["prune", "lenet5", "--method", "reprune-tiles", "--chunk", "4", "--device", "cpu",
+                 "-o", str(tmp_path / "x.pt")]) == 2
+    assert "--chunk must be one of 1, 8, 16, 32" in capsys.readouterr().err
+    assert main(["prune", "lenet5", "--chunk", "8", "--device", "cpu", "-o", str(tmp_path / "x.pt")]) == 2
+    assert "--chunk applies to --method reprune-tiles only" in capsys.readouterr().err

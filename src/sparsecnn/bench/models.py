@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from sparsecnn.backends import config_to_dict, get_backend
 from sparsecnn.bench.env import environment, new_run_id
 from sparsecnn.bench.layers import CUDNN, free_memory, precision, round_to
-from sparsecnn.bench.patterns import DLMC_PREFIX, TILES_PREFIX, split_tiles_pattern, tiled
+from sparsecnn.bench.patterns import DLMC_PREFIX, split_tiles_pattern, tiled
 from sparsecnn.bench.schema import FIELDS, MODES, torch_dtype
 from sparsecnn.core.reference import relative_error
 from sparsecnn.models import build_model, default_input_shape
@@ -55,14 +55,14 @@ def _pruned_model(name: str, sparsity: float, pattern: str, seed: int,
     Random init seeded by `seed`; then the checkpoint (a `prune.save_pruned` file or a plain state
     dict, already pruned: its zeros are the pattern; recorded as pattern "checkpoint" with the measured conv sparsity), or magnitude pruning of
     each conv to `sparsity` ("random": the init is i.i.d., so the mask is random), or the DLMC masks
-    ("dlmc-<method>", resnet50 only), or "tiles<rows>-<pattern>": that pattern's convs re-pruned
+    ("dlmc-<method>", resnet50 only), or "tiles<rows>[x<chunk>]-<pattern>": that pattern's convs re-pruned
     into tiles (`patterns.tiled`, the cells the tiles add filled with values of the layer's scale).
     """
-    rows, base = split_tiles_pattern(pattern)
-    if rows is not None and checkpoint is None:
+    tiles, base = split_tiles_pattern(pattern)
+    if tiles is not None and checkpoint is None:
         model, label, sparsity = _pruned_model(name, sparsity, base, seed, None)
-        _tile_convs_(model, rows, seed)
-        return model, f"{TILES_PREFIX}{rows}-{label}", sparsity
+        _tile_convs_(model, *tiles, seed)
+        return model, f"{pattern.partition('-')[0]}-{label}", sparsity
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(name)
@@ -84,8 +84,9 @@ def _pruned_model(name: str, sparsity: float, pattern: str, seed: int,
     return model.eval(), pattern, float(sparsity)
 
 
-def _tile_convs_(model: nn.Module, rows: int, seed: int) -> None:
-    """Every pruned Conv2d with groups == 1 re-pruned into tiles of `rows` channels, in place."""
+def _tile_convs_(model: nn.Module, rows: int, chunk: int, seed: int) -> None:
+    """Every pruned Conv2d with groups == 1 re-pruned into tiles of `rows` channels (units of `chunk`
+    input channels), in place."""
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         for module in model.modules():
@@ -94,7 +95,7 @@ def _tile_convs_(model: nn.Module, rows: int, seed: int) -> None:
             weight = module.weight.detach()
             if bool((weight == 0).any()) and bool(weight.any()):
                 values = torch.randn_like(weight) * weight[weight != 0].abs().mean()
-                module.weight.copy_(tiled(weight, values, rows))
+                module.weight.copy_(tiled(weight, values, rows, chunk))
 
 
 def _load_checkpoint_(model: nn.Module, checkpoint: str | os.PathLike) -> None:

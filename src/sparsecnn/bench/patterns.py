@@ -10,10 +10,12 @@ import torch
 from sparsecnn.backends.blocks.extraction import provide_blocks
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.prune import dlmc_layer_mask, dlmc_sets, magnitude_mask
-from sparsecnn.prune.tiles import TILE_SIZES, TileParams, reprune_tiles
+from sparsecnn.prune.tiles import CHUNK_SIZES, TILE_SIZES, TileParams, reprune_tiles
 
 DLMC_PREFIX = "dlmc-"
-TILES_PREFIX = "tiles"  # "tiles<rows>-<pattern>": <pattern>'s mask re-pruned into tiles (issue 32)
+# "tiles<rows>[x<chunk>]-<pattern>": <pattern>'s mask re-pruned into tiles of <rows> output channels
+# sharing kept columns (issue 32), or units of <chunk> input channels at one tap (issue 45)
+TILES_PREFIX = "tiles"
 
 
 def layer_generator(seed: int, name: str) -> torch.Generator:
@@ -49,24 +51,27 @@ def _dlmc_mask(spec: ConvSpec, method: str, sparsity: float) -> Optional[torch.T
     return mask if tuple(mask.shape) == spec.weight_shape else None
 
 
-def split_tiles_pattern(pattern: str) -> Tuple[Optional[int], str]:
-    """"tiles<rows>-<base>" -> (rows, base); any other pattern -> (None, pattern). ValueError for
-    tiles of other than 16, 32 or 64 rows."""
+def split_tiles_pattern(pattern: str) -> Tuple[Optional[Tuple[int, int]], str]:
+    """"tiles<rows>[x<chunk>]-<base>" -> ((rows, chunk), base), chunk 1 when absent; any other
+    pattern -> (None, pattern). ValueError for tiles of other than 16, 32 or 64 rows or a chunk
+    other than 1, 8, 16 or 32."""
     head, _, base = pattern.partition("-")
     if not head.startswith(TILES_PREFIX) or not base:
         return None, pattern
-    rows = head[len(TILES_PREFIX):]
-    if rows not in {str(size) for size in TILE_SIZES}:
-        raise ValueError(f"pattern {pattern!r}: tiles of {', '.join(map(str, TILE_SIZES))} rows, e.g. "
-                         f"'tiles32-{base}'")
-    return int(rows), base
+    rows, _, chunk = head[len(TILES_PREFIX):].partition("x")
+    if rows not in {str(size) for size in TILE_SIZES} or chunk not in {"", *map(str, CHUNK_SIZES)}:
+        raise ValueError(f"pattern {pattern!r}: tiles of {', '.join(map(str, TILE_SIZES))} rows, optionally "
+                         f"x a chunk of {', '.join(map(str, CHUNK_SIZES))} channels, e.g. 'tiles32-{base}' or "
+                         f"'tiles64x32-{base}'")
+    return (int(rows), int(chunk or 1)), base
 
 
-def tiled(weight: torch.Tensor, values: torch.Tensor, rows: int) -> torch.Tensor:
-    """`weight` (K, C, R, S, pruned) re-pruned into tiles of `rows` output channels at the same
-    kept count (`prune.tiles.reprune_tiles`), every kept cell holding its value from `values` (as
-    re-training fills the cells the tiles add); the tiles are handed to backend `blocks`."""
-    decomposition = reprune_tiles(weight, weight != 0, TileParams(tile=rows))
+def tiled(weight: torch.Tensor, values: torch.Tensor, rows: int, chunk: int = 1) -> torch.Tensor:
+    """`weight` (K, C, R, S, pruned) re-pruned into tiles of `rows` output channels (units of
+    `chunk` channels) at the same kept count (`prune.tiles.reprune_tiles`), every kept cell holding
+    its value from `values` (as re-training fills the cells the tiles add); the tiles are handed to
+    backend `blocks`."""
+    decomposition = reprune_tiles(weight, weight != 0, TileParams(tile=rows, chunk=chunk))
     provide_blocks(decomposition.mask, decomposition.blocks)
     return torch.where(decomposition.mask, values, 0.0)
 
@@ -79,15 +84,17 @@ def make_weight(spec: ConvSpec, sparsity: float, pattern: str, seed: int, device
     pattern "random": a uniformly random mask with exactly round((1 - sparsity) * numel) non-zeros.
     pattern "dlmc-<method>" (e.g. "dlmc-magnitude_pruning"): the DLMC ResNet-50 mask of layer
     `spec.name` from set f"{method}-{sparsity:g}" when present (label `pattern`); otherwise the
-    random mask (label "random"). pattern "tiles<rows>-<pattern>" (rows 16, 32 or 64): that
-    pattern's weight re-pruned into tiles (`tiled`; label "tiles<rows>-" + its label). Kept values
+    random mask (label "random"). pattern "tiles<rows>[x<chunk>]-<pattern>" (rows 16, 32 or 64;
+    chunk 8, 16 or 32): that pattern's weight re-pruned into tiles (`tiled`; label the same prefix
+    + its label). Kept values
     are normal(0, 1) * sqrt(2 / fan_in), drawn from a generator seeded by (seed, spec.name).
     """
-    rows, base = split_tiles_pattern(pattern)
-    if rows is not None:
+    tiles, base = split_tiles_pattern(pattern)
+    if tiles is not None:
         weight, label = make_weight(spec, sparsity, base, seed, "cpu")
         values = make_weight(spec, 0.0, "random", seed, "cpu")[0]
-        return tiled(weight, values, rows).to(device=device, dtype=dtype), f"{TILES_PREFIX}{rows}-{label}"
+        prefix = pattern.partition("-")[0]
+        return tiled(weight, values, *tiles).to(device=device, dtype=dtype), f"{prefix}-{label}"
     _check_sparsity(sparsity)
     generator = layer_generator(seed, spec.name)
     mask, label = None, "random"

@@ -19,7 +19,15 @@ The kernel matrix A is the (pruned) weight as (K, N), N = C*R*S; a reduction col
      sharing its columns. At most one tile per layer is split so, one column ragged;
   4. the optional remainder: the floor(remainder * keep) largest leftover |A| entries.
 The mask is every group's rows x its columns plus the remainder; exactly `keep` = round((1 -
-sparsity) * numel) cells (or the input mask's count when sparsity is None). Cells of kept columns
+sparsity) * numel) cells (or the input mask's count when sparsity is None).
+
+Chunks (`TileParams.chunk` > 1, issue 45): a column is then a *unit*, a run of `chunk` consecutive
+input channels at one tap (c0..c0+chunk-1, r, s), so that a kept unit is one contiguous NHWC load
+for backend `tensorcore`. Steps 1-4 run on units (a unit's score per row is its cells' summed w^2)
+with round(keep / w) unit cells, w = C / ceil(C / chunk) the mean unit width; each group's
+columns are then its units' cells (a last chunk of a C not divisible by `chunk` is short). The kept
+count is exact in units: within tile * chunk cells of `keep` when chunk divides C; a short last
+chunk is counted at the mean width, so such layers may miss `keep` by more. Cells of kept columns
 that the input pruned are zero in the weight and in the mask: re-training may grow them.
 l2 kept = sum of kept w^2 / sum of w^2 of the input (pruned) weight, as `reprune`'s removed_l2_share.
 """
@@ -40,6 +48,7 @@ from sparsecnn.prune.distributed import broadcast_tensors_
 from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
 
 TILE_SIZES = (16, 32, 64)
+CHUNK_SIZES = (1, 8, 16, 32)
 ORDERS = ("greedy", "none")
 FORMAT = "sparsecnn-tiles"
 VERSION = 1
@@ -51,12 +60,14 @@ class TileParams:
     l2 at the target; ties go to the larger tile). sparsity: the layer's target fraction of zeros in
     [0, 1], or None for the input's own count (the mask's, else the weight's non-zeros). remainder:
     fraction in [0, 1) of the kept weights allowed outside the tiles (0: none). order: "greedy"
-    (channels grouped by mask similarity) or "none" (channels in index order)."""
+    (channels grouped by mask similarity) or "none" (channels in index order). chunk: input channels
+    per unit, 1 (single columns), 8, 16 or 32 (module docstring)."""
 
     tile: Union[int, str] = 32
     sparsity: Optional[float] = None
     remainder: float = 0.0
     order: str = "greedy"
+    chunk: int = 1
 
     def __post_init__(self):
         if not (self.tile == "auto" if isinstance(self.tile, str)
@@ -69,6 +80,8 @@ class TileParams:
         if isinstance(self.remainder, bool) or not isinstance(self.remainder, numbers.Real) \
                 or not 0.0 <= self.remainder < 1.0:
             raise ValueError(f"TileParams.remainder must be a number in [0, 1), got {self.remainder!r}")
+        if isinstance(self.chunk, bool) or self.chunk not in CHUNK_SIZES:
+            raise ValueError(f"TileParams.chunk must be one of {', '.join(map(str, CHUNK_SIZES))}, got {self.chunk!r}")
         if self.order not in ORDERS:
             raise ValueError(f"TileParams.order must be one of {', '.join(ORDERS)}, got {self.order!r}")
 
@@ -265,21 +278,67 @@ def reprune_tiles(weight: torch.Tensor, mask: Optional[torch.Tensor], params: Ti
                          f"{mask.dtype} {tuple(mask.shape)}")
     pruned = weight.detach() if mask is None else weight.detach() * mask.to(weight.device)
     matrix = pruned.reshape(weight.shape[0], -1).cpu().double().numpy()
-    squares = matrix ** 2
     if params.sparsity is not None:
         keep = round((1.0 - float(params.sparsity)) * matrix.size)
     else:
         keep = int(mask.sum()) if mask is not None else int(np.count_nonzero(matrix))
-    remainder_count = math.floor(params.remainder * keep)
+    units = _Units(tuple(weight.shape), params.chunk)
+    squares = units.scores(matrix ** 2)
+    keep_units = round(keep / units.mean_width)
+    remainder_count = math.floor(params.remainder * keep_units)
     best = None
     for tile in (sorted(TILE_SIZES, reverse=True) if params.tile == "auto" else [params.tile]):
-        result = _decompose(squares, keep, tile, remainder_count, params.order)
+        result = _decompose(squares, keep_units, tile, remainder_count, params.order)
         if best is None or result[3] > best[1][3] + 1e-12:
             best = (tile, result)
     tile, (permutation, groups, remainder, l2_kept) = best
+    groups = tuple(TileGroup(g.tile, g.rows, units.cells(g.cols)) for g in groups)
+    remainder = units.remainder_cells(remainder)
     shape = tuple(weight.shape)
-    return TileDecomposition(shape, tile, tuple(permutation.tolist()), groups, tuple(remainder.tolist()), l2_kept,
-                             params, _mask(shape, groups, remainder.tolist()))
+    return TileDecomposition(shape, tile, tuple(permutation.tolist()), groups, tuple(remainder), l2_kept,
+                             params, _mask(shape, groups, remainder))
+
+
+class _Units:
+    """Columns of a (K, C, R, S) weight's (K, C*R*S) matrix grouped into units of `chunk` input
+    channels at one tap: unit u = c_chunk * R*S + tap covers cells (c * R*S + tap) for c in the chunk."""
+
+    def __init__(self, shape: Tuple[int, ...], chunk: int):
+        self.rows, self.channels = shape[0], shape[1] if len(shape) > 1 else 1
+        self.taps = math.prod(shape[2:])
+        self.chunk = chunk
+        self.chunks = -(-self.channels // chunk)
+
+    @property
+    def mean_width(self) -> float:
+        """Cells per row of a unit, on average (a last chunk of a C not divisible by chunk is short)."""
+        return self.channels / self.chunks
+
+    def scores(self, squares: np.ndarray) -> np.ndarray:
+        """(K, units): each unit's summed cell scores per row."""
+        if self.chunk == 1:
+            return squares
+        padded = np.zeros((self.rows, self.chunks * self.chunk, self.taps))
+        padded[:, :self.channels] = squares.reshape(self.rows, self.channels, self.taps)
+        return padded.reshape(self.rows, self.chunks, self.chunk, self.taps).sum(axis=2).reshape(self.rows, -1)
+
+    def cells(self, unit_cols: Tuple[int, ...]) -> Tuple[int, ...]:
+        """The ascending cell columns of units `unit_cols`."""
+        if self.chunk == 1:
+            return tuple(unit_cols)
+        cols = []
+        for unit in unit_cols:
+            first, tap = divmod(unit, self.taps)
+            channels = range(first * self.chunk, min((first + 1) * self.chunk, self.channels))
+            cols.extend(c * self.taps + tap for c in channels)
+        return tuple(sorted(cols))
+
+    def remainder_cells(self, flat_units: np.ndarray) -> list:
+        """Flat weight indices of the cells of (row, unit) entries `flat_units` of the (K, units) matrix."""
+        columns = self.chunks * self.taps
+        cells = [row * self.channels * self.taps + col for index in flat_units.tolist()
+                 for row, unit in [divmod(index, columns)] for col in self.cells((unit,))]
+        return sorted(cells)
 
 
 _CONV_TYPES = (nn.Conv1d, nn.Conv2d)
@@ -314,17 +373,17 @@ def reprune_tiles_(model: nn.Module, masks: Masks,
 def reprune_tiles_method(model: nn.Module, split, sparsity, seed: int = 0, progress: bool = False,
                          epochs: Optional[int] = None, batch_size: int = 64, lr: float = 0.01,
                          tile: Union[int, str] = 32, remainder: float = 0.0, order: str = "greedy",
-                         retrain_epochs: Optional[int] = None, train: Optional[TrainConfig] = None) -> Masks:
+                         chunk: int = 1, retrain_epochs: Optional[int] = None, train: Optional[TrainConfig] = None) -> Masks:
     """Pruning method "reprune-tiles" (see `methods`): the "magnitude" method (prune each layer to its
     target, fine-tune `epochs`, default 8), then `reprune_tiles_` of the convs at the same kept count
-    (`TileParams(tile, None, remainder, order)`), then `retrain_epochs` (default: `epochs` when given,
+    (`TileParams(tile, None, remainder, order, chunk)`), then `retrain_epochs` (default: `epochs` when given,
     else 4) of masked re-training. Returns the tile masks (convs) and the magnitude masks (others)."""
     from sparsecnn.prune.methods import (  # methods registers this function
         get_method,
         training_batches,
     )
 
-    params = TileParams(tile=tile, sparsity=None, remainder=remainder, order=order)
+    params = TileParams(tile=tile, sparsity=None, remainder=remainder, order=order, chunk=chunk)
     masks = get_method("magnitude")(model, split, sparsity, seed=seed, progress=progress, epochs=epochs,
                                     batch_size=batch_size, lr=lr, train=train)
     masks, _ = reprune_tiles_(model, masks, params)
