@@ -37,6 +37,7 @@ from sparsecnn.bench.schema import DTYPES, FIELDS, torch_dtype
 from sparsecnn.core.reference import reference_conv, relative_error
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.tuning import benchmark
+from sparsecnn.tuning.precision import tf32_variant
 
 CUDNN = "cudnn"
 _HALF = (torch.float16, torch.bfloat16)
@@ -209,6 +210,8 @@ def _backend_rows(backend: Backend, layer: _Layer, run: _Run) -> List[Dict[str, 
         configs = backend.auto_configs(layer.spec, stored)
     else:
         configs = [backend.default_config(layer.spec, stored)]
+    if run.dtype == "tf32":  # a TF32 run times each config's TF32 variant too (configs with a precision field)
+        configs = list(dict.fromkeys(configs + [v for v in map(tf32_variant, configs) if v is not None]))
     rows = []
     for config in configs:
         try:
