@@ -22,11 +22,11 @@ bench() {  # DTYPE BATCH PEERS TIMEOUT_S
 
 stage() {
     case $1 in
-    tests) timeout 240 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs -x tests/backends/test_tensorcore.py \
+    tests) timeout 150 python3 -m pytest -m gpu -p no:cacheprovider -q -rfEs -x tests/backends/test_tensorcore.py \
                tests/benchmarks/test_peers_torch_bsr.py >"$OUT/gpu-tests-tensorcore-$commit.log" 2>&1
            echo "tests (exit $?): $(tail -n 1 "$OUT/gpu-tests-tensorcore-$commit.log")" ;;
-    fp16) bench fp16 32 torch_bsr 200 ;;
-    bf16) bench bf16 32 torch_bsr 150 ;;
+    fp16) bench fp16 32 torch_bsr 180 ;;
+    bf16) bench bf16 32 torch_bsr 140 ;;
     tf32) bench tf32 32 "" 150 ;;
     fp16-n1) bench fp16 1 torch_bsr 120 ;;
     *) echo "unknown stage $1" >&2; return 1 ;;

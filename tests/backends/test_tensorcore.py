@@ -73,7 +73,7 @@ def expected(x, weight, bias, stride, padding, relu=False, residual=None):
 @pytest.mark.parametrize("ordered", [False, True])
 def test_pack_units_holds_the_weight_exactly(K, C, R, group, chunk, ordered):
     weight = unit_weight(K, C, R, R, group, chunk, scatter=0.02)
-    order = support_order(weight, chunk) if ordered else None
+    order = support_order(weight, chunk, group) if ordered else None
     packed = pack_units(weight, group, chunk, order)
     assert torch.equal(unpack(packed), weight)
     assert packed.values.shape == (packed.num_units, chunk, group)
@@ -82,28 +82,42 @@ def test_pack_units_holds_the_weight_exactly(K, C, R, group, chunk, ordered):
     assert packed.permuted == (order is not None and order != list(range(K)))
 
 
+def test_support_order_keeps_whole_groups_after_a_split_tile():
+    """A tile split in two (as re-pruning does to meet its count exactly) goes last, so the whole
+    tiles still start at group boundaries."""
+    weight = unit_weight(96, 64, 3, 3, 32, 16, keep=0.2, seed=5)
+    channel = support_order(weight, 16, 32)[0]
+    kept = weight[channel].reshape(4, 16, 9).ne(0).any(dim=1).nonzero()[0].tolist()  # one of its units
+    free = (~weight[channel].reshape(4, 16, 9).ne(0).any(dim=1)).nonzero()[0].tolist()  # one it lacks
+    weight[channel, kept[0] * 16:(kept[0] + 1) * 16, kept[1] // 3, kept[1] % 3] = 0.0
+    weight[channel, free[0] * 16:(free[0] + 1) * 16, free[1] // 3, free[1] % 3] = 1.0
+    packed = pack_units(weight, 32, 16, support_order(weight, 16, 32))
+    wasted = packed.num_units * 32 * 16 - int(weight.ne(0).sum())
+    assert wasted == 32 * 16  # one unit on every row of the split tile's group; the whole tiles waste nothing
+
+
 def test_support_order_recovers_the_tiles_of_a_unit_pruning():
     """Rows that share their units (a re-pruning's tiles, shuffled) come out as whole groups: every
     kept unit is dense, no MMA work is spent on zeros."""
     weight = unit_weight(96, 64, 3, 3, 32, 16, keep=0.2, seed=4)
-    packed = pack_units(weight, 32, 16, support_order(weight, 16))
+    packed = pack_units(weight, 32, 16, support_order(weight, 16, 32))
     assert packed.num_units * 32 * 16 == int(weight.ne(0).sum())
     unordered = pack_units(weight, 32, 16)
     assert unordered.num_units > packed.num_units
 
 
 def test_all_zero_and_dense_weights():
-    zero = pack_units(torch.zeros(33, 3, 3, 3), 16, 8)
+    zero = pack_units(torch.zeros(33, 3, 3, 3), 16, 16)
     assert zero.num_units == 0 and zero.group_start.tolist() == [0, 0, 0, 0]
-    dense = pack_units(torch.randn(33, 3, 3, 3) + 5, 16, 8)
+    dense = pack_units(torch.randn(33, 3, 3, 3) + 5, 16, 16)
     assert dense.num_units == 3 * 9  # three groups, one chunk, nine taps
 
 
 def test_pack_units_rejects_bad_arguments():
     with pytest.raises(ValueError, match="permutation"):
-        pack_units(torch.randn(4, 3, 3, 3), 16, 8, [0, 1, 1, 3])
+        pack_units(torch.randn(4, 3, 3, 3), 16, 16, [0, 1, 1, 3])
     with pytest.raises(ValueError, match=r"\(K, C, R, S\)"):
-        pack_units(torch.randn(4, 3, 3), 16, 8)
+        pack_units(torch.randn(4, 3, 3), 16, 16)
 
 
 # --- configs --------------------------------------------------------------------------------------
@@ -112,14 +126,14 @@ def test_pack_units_rejects_bad_arguments():
 def test_config_checks_and_candidates():
     config = TensorCoreConfig()
     assert TensorCoreConfig.from_dict(dataclasses.asdict(config)) == config
-    for field, bad in [("group", 24), ("chunk", 4), ("block_m", 48), ("num_warps", 2), ("num_stages", 1),
+    for field, bad in [("group", 24), ("chunk", 8), ("block_m", 48), ("num_warps", 2), ("num_stages", 1),
                        ("precision", "tf32x3"), ("group", True)]:
         with pytest.raises(ValueError, match=f"TensorCoreConfig.{field}"):
             TensorCoreConfig(**{field: bad})
     with pytest.raises(ValueError, match="unknown keys"):
         TensorCoreConfig.from_dict({"group": 64, "tiles": 3})
     small = candidate_configs(ConvSpec(1, 3, 33, 13, 13, 3, 3), torch.float16)
-    assert small and all(c.group <= 64 and c.chunk == 8 for c in small)
+    assert small and all(c.group <= 64 and c.chunk == 16 for c in small)
     assert len(set(small)) == len(small)
     large = candidate_configs(ConvSpec(1, 256, 256, 14, 14, 3, 3), torch.float16)
     assert {c.packing for c in large} == {(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)}
@@ -137,9 +151,9 @@ ODD_SHAPES = [  # (N, C, K, H, W, R, stride, padding)
 @needs_interpreter
 @pytest.mark.parametrize("N,C,K,H,W,R,stride,padding", ODD_SHAPES)
 def test_kernel_matches_fp64_on_odd_shapes(N, C, K, H, W, R, stride, padding):
-    config = TensorCoreConfig(group=16, chunk=8, block_m=32)
-    weight = unit_weight(K, C, R, R, 16, 8, keep=0.4, scatter=0.05)
-    packed = pack_units(weight, 16, 8, support_order(weight, 8))
+    config = TensorCoreConfig(group=16, chunk=16, block_m=32)
+    weight = unit_weight(K, C, R, R, 16, 16, keep=0.4, scatter=0.05)
+    packed = pack_units(weight, 16, 16, support_order(weight, 16, 16))
     x, bias = inputs((N, C, H, W)), torch.randn(K)
     y = unit_conv(x, packed, (stride, stride), (padding, padding), config, bias=bias)
     assert y.is_contiguous(memory_format=torch.channels_last)
@@ -151,12 +165,12 @@ def test_kernel_matches_fp64_on_odd_shapes(N, C, K, H, W, R, stride, padding):
 
 @needs_interpreter
 @pytest.mark.parametrize("config", [TensorCoreConfig(g, c, m, w, s) for g, c, m, w, s in
-                                    [(16, 8, 32, 4, 3), (32, 16, 64, 4, 3), (64, 8, 32, 8, 2),
-                                     (16, 32, 128, 4, 3)]], ids=str)
+                                    [(16, 16, 32, 4, 3), (32, 16, 64, 4, 3), (64, 16, 32, 8, 2),
+                                     (16, 32, 128, 4, 3), (32, 64, 32, 4, 3)]], ids=str)
 def test_kernel_every_tile_shape_with_residual_and_relu(config):
     N, C, K, H, R = 2, 24, 40, 9, 3
     weight = unit_weight(K, C, R, R, config.group, config.chunk, keep=0.5, scatter=0.05)
-    packed = pack_units(weight, config.group, config.chunk, support_order(weight, config.chunk))
+    packed = pack_units(weight, config.group, config.chunk, support_order(weight, config.chunk, config.group))
     x, bias = inputs((N, C, H, H)), torch.randn(K)
     residual = inputs((N, K, H, H), seed=5)
     y = unit_conv(x, packed, (1, 1), (1, 1), config, bias=bias, residual=residual, relu=True)
@@ -165,38 +179,39 @@ def test_kernel_every_tile_shape_with_residual_and_relu(config):
 
 @needs_interpreter
 def test_kernel_all_zero_and_fully_dense_weights():
-    config = TensorCoreConfig(group=16, chunk=8, block_m=32)
+    config = TensorCoreConfig(group=16, chunk=16, block_m=32)
     x, bias = inputs((2, 3, 13, 13)), torch.randn(33)
     zero = torch.zeros(33, 3, 3, 3)
-    y = unit_conv(x, pack_units(zero, 16, 8), (1, 1), (1, 1), config, bias=bias, relu=True)
+    y = unit_conv(x, pack_units(zero, 16, 16), (1, 1), (1, 1), config, bias=bias, relu=True)
     assert torch.equal(y, bias.clamp(min=0).view(1, -1, 1, 1).expand_as(y))
     dense = torch.randn(33, 3, 3, 3)
-    y = unit_conv(x, pack_units(dense, 16, 8), (2, 2), (1, 1), config, bias=bias)
+    y = unit_conv(x, pack_units(dense, 16, 16), (2, 2), (1, 1), config, bias=bias)
     assert relative_error(y, expected(x, dense, bias, 2, 1)) < 1e-5
 
 
 @needs_interpreter
 def test_kernel_refuses_a_config_of_another_packing():
-    packed = pack_units(torch.randn(16, 8, 3, 3), 16, 8)
+    packed = pack_units(torch.randn(16, 8, 3, 3), 16, 16)
     with pytest.raises(ValueError, match="packing"):
-        unit_conv(inputs((1, 8, 5, 5)), packed, (1, 1), (1, 1), TensorCoreConfig(group=32, chunk=8))
+        unit_conv(inputs((1, 8, 5, 5)), packed, (1, 1), (1, 1), TensorCoreConfig(group=32, chunk=16))
 
 
 @needs_interpreter
 def test_backend_prepare_bind_and_sparse_conv2d():
     backend = get_backend("tensorcore")
     spec = ConvSpec(2, 16, 33, 9, 9, 3, 3, 1, 1)
-    weight = unit_weight(33, 16, 3, 3, 16, 8, keep=0.3)
+    weight = unit_weight(33, 16, 3, 3, 16, 16, keep=0.3)
     bias = torch.randn(33)
     x = inputs((2, 16, 9, 9))
     ref = expected(x, weight, bias, 1, 1)
-    config = TensorCoreConfig(group=16, chunk=8, block_m=32)
+    config = TensorCoreConfig(group=16, chunk=16, block_m=32)
     assert backend.config_from_dict(dataclasses.asdict(config)) == config
     packed = backend.prepare(weight, config)
-    assert packed.num_units * 16 * 8 <= int(weight.ne(0).sum()) * 2
+    last = int(packed.group_start[-1] - packed.group_start[-2])  # units of the one-channel group (33 = 2 * 16 + 1)
+    assert packed.num_units * 16 * 16 - int(weight.ne(0).sum()) == 15 * 16 * last  # groups found again
     assert relative_error(backend.run(x, packed, bias, spec, config), ref) < 1e-5
     with pytest.raises(ValueError, match="packing"):
-        backend.bind(packed, spec, TensorCoreConfig(group=32, chunk=8), torch.float32, True)
+        backend.bind(packed, spec, TensorCoreConfig(group=32, chunk=16), torch.float32, True)
     conv = torch.nn.Conv2d(16, 33, 3, padding=1)
     with torch.no_grad():
         conv.weight.copy_(weight)
@@ -211,8 +226,8 @@ def test_backend_prepare_bind_and_sparse_conv2d():
 def test_op_passes_opcheck():
     backend = get_backend("tensorcore")
     spec = ConvSpec(2, 8, 16, 5, 6, 3, 3, 1, 1)
-    config = TensorCoreConfig(group=16, chunk=8, block_m=32)
-    call = backend.bind(backend.prepare(unit_weight(16, 8, 3, 3, 16, 8), config), spec, config, torch.float32, True)
+    config = TensorCoreConfig(group=16, chunk=16, block_m=32)
+    call = backend.bind(backend.prepare(unit_weight(16, 8, 3, 3, 16, 16), config), spec, config, torch.float32, True)
     x, bias, residual = inputs((2, 8, 5, 6)), torch.randn(16), inputs((2, 16, 5, 6), seed=2)
     args = (x, *call.tensors, bias, residual, *call.static, True)
     torch.library.opcheck(torch.ops.sparsecnn.tensorcore_conv2d.default, args)

@@ -167,9 +167,11 @@ def _cudnn_fn(layer: _Layer, dtype: str) -> Callable[[], torch.Tensor]:
 
 
 def _backend_fn(backend: Backend, layer: _Layer, dtype: str, config: Any) -> Callable[[], torch.Tensor]:
-    """The layer's call as a model makes it: packed and bound once, then called."""
+    """The layer's call as a model makes it: packed and bound once, then called, on an input in the
+    layout the backend reads (channels_last for such backends, as their previous layer writes it)."""
     stored = torch_dtype(dtype)
-    x = layer.x.to(stored).contiguous()
+    layout = torch.channels_last if backend.channels_last else torch.contiguous_format
+    x = layer.x.to(stored).contiguous(memory_format=layout)
     packed = backend.prepare(layer.weight.to(stored).contiguous(), config)
     call = backend.bind(packed, layer.spec, config, stored, False)
     return lambda: call(x, None, None, False)

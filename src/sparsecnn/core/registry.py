@@ -108,6 +108,9 @@ class Backend:
     compile_kernels(packed, spec, config, dtype, has_bias, relu_only, cache), optional, for backends
     that generate code per layer: compile (or fetch) the kernels a bound layer runs through `cache`
     (a `core.toolchain.DiskCache`); artefacts pass one that copies every file it touches.
+    channels_last: whether its kernels read and write channels_last (NHWC) memory: other layouts
+    are copied on every call, so callers that can (a model whose layers agree, a benchmark) pass
+    channels_last inputs.
     machine_check(), optional: None when this machine has what the backend needs besides a device
     of its type (a compiler, a kernel loader), else why not; the tuner then leaves the backend out
     and says so once (`tuning.select.candidates_for`).
@@ -131,6 +134,7 @@ class Backend:
     writes_nchw: bool = True
     compile_kernels: Optional[Callable[..., None]] = None
     machine_check: Optional[Callable[[], Optional[str]]] = None
+    channels_last: bool = False
 
     def bind_for(self, packed: Any, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
                  relu_only: bool = False) -> KernelCall:

@@ -32,7 +32,7 @@ def _prepare(weight: torch.Tensor, config: Any) -> UnitWeights:
     if config is None:
         config = _kernels().TensorCoreConfig()
     group, chunk = config.packing
-    return pack_units(weight, group, chunk, support_order(weight, chunk))
+    return pack_units(weight, group, chunk, support_order(weight, chunk, group))
 
 
 def _bind(packed: UnitWeights, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
@@ -53,4 +53,4 @@ TENSORCORE = register_triton_backend(
     "tensorcore",
     "implicit GEMM on tensor cores over each output-channel group's kept units (runs of input channels at one "
     "tap), NHWC, Triton",
-    _kernels, "TensorCoreConfig", _prepare, _bind)
+    _kernels, "TensorCoreConfig", _prepare, _bind, channels_last=True)

@@ -61,21 +61,25 @@ def _check_permutation(permutation: Sequence[int], channels: int) -> list:
     return order
 
 
-def support_order(weight: torch.Tensor, chunk: int) -> list:
+def support_order(weight: torch.Tensor, chunk: int, group: int) -> list:
     """Output channels ordered so that channels keeping the same units sit side by side.
 
     A channel's support is the set of its units (chunk of input channels at one tap) holding a
-    non-zero. Channels are sorted by support (as a bit string, largest first; ties by index), so a
-    re-pruning's tile, whose rows share one support, becomes a run of consecutive channels, and
-    groups cut from the order keep few units beyond their rows' own. Returns a permutation of 0..K-1.
+    non-zero. Channels sharing a support form a class. Classes whose size is a multiple of `group`
+    come first, so that groups cut from the order start at class boundaries (a re-pruning's tiles,
+    and a tile it split in two, keep whole groups), then the others; within each part, classes by
+    support (as a bit string, largest first), channels by index. Returns a permutation of 0..K-1.
     """
     K, C, R, S = weight.shape
     chunks = -(-C // chunk)
     padded = torch.zeros(K, chunks * chunk, R, S, dtype=torch.bool)
     padded[:, :C] = weight.detach().ne(0).cpu()
     support = padded.reshape(K, chunks, chunk, R, S).any(dim=2).reshape(K, -1).to(torch.int64)
-    keys = [tuple(row) for row in support.tolist()]
-    return sorted(range(K), key=lambda k: (tuple(-bit for bit in keys[k]), k))
+    keys = [tuple(-bit for bit in row) for row in support.tolist()]
+    sizes: dict = {}
+    for key in keys:
+        sizes[key] = sizes.get(key, 0) + 1
+    return sorted(range(K), key=lambda k: (sizes[keys[k]] % group != 0, keys[k], k))
 
 
 def pack_units(weight: torch.Tensor, group: int, chunk: int,

@@ -24,7 +24,7 @@ from sparsecnn.backends.tensorcore.format import UnitWeights
 from sparsecnn.core.checks import check_residual, check_triton_input, config_from_dict
 
 GROUPS = (16, 32, 64, 128)
-CHUNKS = (8, 16, 32, 64)
+CHUNKS = (16, 32, 64)  # tl.dot needs a reduction step of at least 16 for fp16/bf16
 BLOCK_MS = (32, 64, 128, 256)
 PRECISIONS = ("ieee", "tf32")
 
@@ -177,11 +177,11 @@ _PACKINGS = ((64, 32), (64, 64), (32, 32), (64, 16), (128, 32))
 
 def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     """Configs for the autotuner, default first: every packing of _PACKINGS whose group and chunk
-    do not exceed the layer's K and C (rounded up to a power of two, at least 16 and 8) with every
+    do not exceed the layer's K and C (rounded up to a power of two, at least 16) with every
     launch of _LAUNCHES; fp32 configs carry "ieee" (the tuner adds "tf32" variants where the
     precision policy allows)."""
     groups = max(16, 1 << (spec.K - 1).bit_length())
-    chunks = max(8, 1 << (spec.C - 1).bit_length())
+    chunks = max(16, 1 << (spec.C - 1).bit_length())
     packings = [(min(g, groups), min(c, chunks)) for g, c in _PACKINGS]
     return list(dict.fromkeys(TensorCoreConfig(g, c, m, w, st) for g, c in dict.fromkeys(packings)
                               for m, w, st in _LAUNCHES))
