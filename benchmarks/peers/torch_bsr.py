@@ -67,7 +67,7 @@ def load_peer() -> Peer:
     from torch.sparse._triton_ops import bsr_dense_mm
 
     def prepared(weight: torch.Tensor):
-        order = torch.tensor(support_order(weight, 8), device=weight.device)
+        order = torch.tensor(support_order(weight, 16, 64), device=weight.device)
         matrix = weight_matrix(weight)[order]
         blocksize = best_blocksize(matrix)
         return matrix.to_sparse_bsr(blocksize), torch.argsort(order), blocksize
