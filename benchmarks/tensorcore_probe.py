@@ -1,9 +1,16 @@
-"""Probe (issue 45): the `tensorcore` kernel on ResNet-50's layer shapes at N=32, 90% of units
-pruned at random per group, against cuDNN NHWC (bias fused) and torch.sparse BSR (PyTorch's Triton
-kernel) on the same masks, fp16 unless argv[3] says otherwise. One JSON line per measurement.
+"""Probe (issue 45): the `tensorcore` kernel on ResNet-50's layer shapes, against cuDNN NHWC (bias
+fused) and torch.sparse BSR (PyTorch's Triton kernel) on the same masks, fp16 unless DTYPE says
+otherwise. One JSON line per measurement.
 
-Usage: python benchmarks/tensorcore_probe.py OUT.jsonl BATCH [DTYPE] [LAYER,...]
+PATTERN "units" (default): per packing, 90% of units pruned at random per group of channels in
+index order. Any other PATTERN is a `bench.patterns` one (e.g. tiles64x32-dlmc-magnitude_pruning,
+DLMC masks re-pruned into tiles; SPARSECNN_DLMC points at the masks): every packing is then timed
+twice, its channels in support order (`format.support_order`, stores through the channel map) and
+in index order (contiguous stores), to show what the permuted epilogue costs.
+
+Usage: python benchmarks/tensorcore_probe.py OUT.jsonl BATCH [DTYPE] [LAYER,...|all] [PATTERN]
 """
+import dataclasses
 import json
 import sys
 
@@ -11,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.sparse._triton_ops import bsr_dense_mm
 
-from sparsecnn.backends.tensorcore.format import pack_units
+from sparsecnn.backends.tensorcore.format import pack_units, support_order
+from sparsecnn.bench.patterns import make_weight
 from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig, unit_conv
 from sparsecnn.bench.env import environment, new_run_id
 from sparsecnn.layers.suites import get_suite
@@ -20,12 +28,13 @@ from sparsecnn.tuning.timing import benchmark
 LAYERS = ("layer1.0.conv1,layer1.0.conv2,layer1.0.conv3,layer2.0.conv2,layer2.1.conv1,layer2.1.conv2,"
           "layer2.1.conv3,layer3.0.conv2,layer3.1.conv1,layer3.1.conv2,layer3.1.conv3,layer4.0.conv2,"
           "layer4.1.conv1,layer4.1.conv2,layer4.1.conv3,layer2.0.downsample.0")
-PATTERNS = ((64, 32), (32, 32), (128, 32), (64, 16), (64, 64))
+PATTERNS = ((64, 32), (32, 32), (128, 32), (64, 16), (64, 64))  # (group, chunk) packings
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}
 
 out_path, batch = sys.argv[1], int(sys.argv[2])
 dtype_name = sys.argv[3] if len(sys.argv) > 3 else "fp16"
-wanted = (sys.argv[4] if len(sys.argv) > 4 else LAYERS).split(",")
+wanted = (sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "all" else LAYERS).split(",")
+mask_pattern = sys.argv[5] if len(sys.argv) > 5 else "units"
 dtype = DTYPES[dtype_name]
 torch.backends.cudnn.benchmark = True
 torch.backends.cudnn.allow_tf32 = True
@@ -80,27 +89,28 @@ for name in wanted:
         memory_format=torch.channels_last)
     values = torch.randn(spec.K, spec.C, spec.R, spec.S, generator=gen)
     bias = torch.randn(spec.K, generator=gen).to(device, dtype)
+    given = None if mask_pattern == "units" else make_weight(spec, 0.9, mask_pattern, 0, "cpu")[0]
     for group, chunk in PATTERNS:
-        mask = unit_mask(spec.K, spec.C, spec.R, spec.S, group, chunk, 0.1, gen)
+        mask = unit_mask(spec.K, spec.C, spec.R, spec.S, group, chunk, 0.1, gen) if given is None else given != 0
         weight = (values * mask).to(device, dtype)
         ref = F.conv2d(x.double(), weight.double(), bias.double(), spec.stride, spec.padding)
-        pattern = f"units{group}x{chunk}"
+        pattern = f"units{group}x{chunk}" if given is None else mask_pattern
         sparsity = 1.0 - float(mask.float().mean())
         if (group, chunk) == PATTERNS[0]:
             w_cl = weight.contiguous(memory_format=torch.channels_last)
             fn = lambda: F.conv2d(x, w_cl, bias, spec.stride, spec.padding)
             emit(spec, "cudnn", pattern, None, benchmark(fn, device, hide_launch=True), rel_err(fn(), ref))
-        packed = pack_units(weight, group, chunk)
-        for block_m, warps, stages in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 3)):
-            config = TensorCoreConfig(group, chunk, block_m, warps, stages)
-            fn = lambda: unit_conv(x, packed, spec.stride, spec.padding, config, bias=bias)
-            try:
+        orders = {"index": None} if given is None else {"index": None,
+                                                         "support": support_order(weight, chunk, group)}
+        for order_name, order in orders.items():
+            packed = pack_units(weight, group, chunk, order)
+            for block_m, warps, stages in ((64, 4, 3), (128, 4, 3), (32, 4, 3)):
+                config = TensorCoreConfig(group, chunk, block_m, warps, stages)
+                fn = lambda: unit_conv(x, packed, spec.stride, spec.padding, config, bias=bias)
                 y = fn()
-            except Exception as error:  # a config the compiler refuses (shared memory): recorded, skipped
-                print(f"{name} {config}: {type(error).__name__}: {str(error)[:200]}")
-                continue
-            emit(spec, "tensorcore", pattern, config.to_dict(), benchmark(fn, device, hide_launch=True),
-                 rel_err(y, ref), {"units": packed.num_units})
+                emit(spec, "tensorcore", pattern, {**dataclasses.asdict(config), "order": order_name},
+                     benchmark(fn, device, hide_launch=True), rel_err(y, ref),
+                     {"units": packed.num_units, "permuted": packed.permuted})
         if dtype != torch.float32 and chunk >= 16 and spec.K % group == 0 and spec.C % chunk == 0:
             flat = weight.permute(0, 2, 3, 1).reshape(spec.K, -1)
             bsr = flat.to_sparse_bsr((group, chunk))

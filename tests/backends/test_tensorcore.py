@@ -96,6 +96,15 @@ def test_support_order_keeps_whole_groups_after_a_split_tile():
     assert wasted == 32 * 16  # one unit on every row of the split tile's group; the whole tiles waste nothing
 
 
+def test_support_order_keeps_the_identity_for_tiles_in_channel_order():
+    """Tiles that are runs of whole groups in channel order need no permutation (no scattered stores)."""
+    gen = torch.Generator().manual_seed(6)
+    kept = (torch.rand(3, 4, 3, 3, generator=gen) < 0.3).repeat_interleave(32, 0).repeat_interleave(16, 1)
+    weight = torch.randn(96, 64, 3, 3, generator=gen) * kept
+    assert support_order(weight, 16, 32) == list(range(96))
+    assert not pack_units(weight, 32, 16, support_order(weight, 16, 32)).permuted
+
+
 def test_support_order_recovers_the_tiles_of_a_unit_pruning():
     """Rows that share their units (a re-pruning's tiles, shuffled) come out as whole groups: every
     kept unit is dense, no MMA work is spent on zeros."""

@@ -313,6 +313,10 @@ def test_chunked_tiles_pattern_keeps_whole_units():
     units = (weight != 0).reshape(64, 2, 16, 9)
     assert torch.equal(units.all(dim=2), units.any(dim=2))  # a unit is all kept or all pruned
     assert abs((weight != 0).float().mean().item() - 0.1) < 0.02
+    indexed, label = make_weight(spec, 0.9, "tiles32x16i-random", seed=0, device="cpu")
+    assert label == "tiles32x16i-random"
+    rows = [tuple(row) for row in (indexed != 0).reshape(64, -1).tolist()]
+    assert rows[:32] == [rows[0]] * 32 or rows[32:] == [rows[32]] * 32  # tiles are channel runs (one may split)
 
 
 def test_bench_model_tiles_pattern_labels_rows_and_hands_tiles_to_blocks():

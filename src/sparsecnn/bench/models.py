@@ -55,7 +55,7 @@ def _pruned_model(name: str, sparsity: float, pattern: str, seed: int,
     Random init seeded by `seed`; then the checkpoint (a `prune.save_pruned` file or a plain state
     dict, already pruned: its zeros are the pattern; recorded as pattern "checkpoint" with the measured conv sparsity), or magnitude pruning of
     each conv to `sparsity` ("random": the init is i.i.d., so the mask is random), or the DLMC masks
-    ("dlmc-<method>", resnet50 only), or "tiles<rows>[x<chunk>]-<pattern>": that pattern's convs re-pruned
+    ("dlmc-<method>", resnet50 only), or "tiles<rows>[x<chunk>][i]-<pattern>": that pattern's convs re-pruned
     into tiles (`patterns.tiled`, the cells the tiles add filled with values of the layer's scale).
     """
     tiles, base = split_tiles_pattern(pattern)
@@ -84,9 +84,9 @@ def _pruned_model(name: str, sparsity: float, pattern: str, seed: int,
     return model.eval(), pattern, float(sparsity)
 
 
-def _tile_convs_(model: nn.Module, rows: int, chunk: int, seed: int) -> None:
+def _tile_convs_(model: nn.Module, rows: int, chunk: int, order: str, seed: int) -> None:
     """Every pruned Conv2d with groups == 1 re-pruned into tiles of `rows` channels (units of `chunk`
-    input channels), in place."""
+    input channels, channels grouped in `order`), in place."""
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         for module in model.modules():
@@ -95,7 +95,7 @@ def _tile_convs_(model: nn.Module, rows: int, chunk: int, seed: int) -> None:
             weight = module.weight.detach()
             if bool((weight == 0).any()) and bool(weight.any()):
                 values = torch.randn_like(weight) * weight[weight != 0].abs().mean()
-                module.weight.copy_(tiled(weight, values, rows, chunk))
+                module.weight.copy_(tiled(weight, values, rows, chunk, order))
 
 
 def _load_checkpoint_(model: nn.Module, checkpoint: str | os.PathLike) -> None:

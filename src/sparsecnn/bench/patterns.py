@@ -13,8 +13,9 @@ from sparsecnn.prune import dlmc_layer_mask, dlmc_sets, magnitude_mask
 from sparsecnn.prune.tiles import CHUNK_SIZES, TILE_SIZES, TileParams, reprune_tiles
 
 DLMC_PREFIX = "dlmc-"
-# "tiles<rows>[x<chunk>]-<pattern>": <pattern>'s mask re-pruned into tiles of <rows> output channels
-# sharing kept columns (issue 32), or units of <chunk> input channels at one tap (issue 45)
+# "tiles<rows>[x<chunk>][i]-<pattern>": <pattern>'s mask re-pruned into tiles of <rows> output channels
+# sharing kept columns (issue 32), or units of <chunk> input channels at one tap (issue 45); "i": the
+# tiles are runs of channels in index order (TileParams.order "none") instead of similarity order
 TILES_PREFIX = "tiles"
 
 
@@ -51,27 +52,29 @@ def _dlmc_mask(spec: ConvSpec, method: str, sparsity: float) -> Optional[torch.T
     return mask if tuple(mask.shape) == spec.weight_shape else None
 
 
-def split_tiles_pattern(pattern: str) -> Tuple[Optional[Tuple[int, int]], str]:
-    """"tiles<rows>[x<chunk>]-<base>" -> ((rows, chunk), base), chunk 1 when absent; any other
-    pattern -> (None, pattern). ValueError for tiles of other than 16, 32 or 64 rows or a chunk
-    other than 1, 8, 16 or 32."""
+def split_tiles_pattern(pattern: str) -> Tuple[Optional[Tuple[int, int, str]], str]:
+    """"tiles<rows>[x<chunk>][i]-<base>" -> ((rows, chunk, order), base), chunk 1 when absent, order
+    "none" with the "i" suffix, else "greedy"; any other pattern -> (None, pattern). ValueError for
+    tiles of other than 16, 32 or 64 rows or a chunk other than 1, 8, 16 or 32."""
     head, _, base = pattern.partition("-")
     if not head.startswith(TILES_PREFIX) or not base:
         return None, pattern
-    rows, _, chunk = head[len(TILES_PREFIX):].partition("x")
+    size = head[len(TILES_PREFIX):]
+    order = "none" if size.endswith("i") else "greedy"
+    rows, _, chunk = size.removesuffix("i").partition("x")
     if rows not in {str(size) for size in TILE_SIZES} or chunk not in {"", *map(str, CHUNK_SIZES)}:
         raise ValueError(f"pattern {pattern!r}: tiles of {', '.join(map(str, TILE_SIZES))} rows, optionally "
-                         f"x a chunk of {', '.join(map(str, CHUNK_SIZES))} channels, e.g. 'tiles32-{base}' or "
-                         f"'tiles64x32-{base}'")
-    return (int(rows), int(chunk or 1)), base
+                         f"x a chunk of {', '.join(map(str, CHUNK_SIZES))} channels and 'i' for index order, e.g. "
+                         f"'tiles32-{base}' or 'tiles64x32i-{base}'")
+    return (int(rows), int(chunk or 1), order), base
 
 
-def tiled(weight: torch.Tensor, values: torch.Tensor, rows: int, chunk: int = 1) -> torch.Tensor:
+def tiled(weight: torch.Tensor, values: torch.Tensor, rows: int, chunk: int = 1, order: str = "greedy") -> torch.Tensor:
     """`weight` (K, C, R, S, pruned) re-pruned into tiles of `rows` output channels (units of
-    `chunk` channels) at the same kept count (`prune.tiles.reprune_tiles`), every kept cell holding
-    its value from `values` (as re-training fills the cells the tiles add); the tiles are handed to
-    backend `blocks`."""
-    decomposition = reprune_tiles(weight, weight != 0, TileParams(tile=rows, chunk=chunk))
+    `chunk` channels, channels grouped in `order`) at the same kept count
+    (`prune.tiles.reprune_tiles`), every kept cell holding its value from `values` (as re-training
+    fills the cells the tiles add); the tiles are handed to backend `blocks`."""
+    decomposition = reprune_tiles(weight, weight != 0, TileParams(tile=rows, chunk=chunk, order=order))
     provide_blocks(decomposition.mask, decomposition.blocks)
     return torch.where(decomposition.mask, values, 0.0)
 
@@ -84,9 +87,9 @@ def make_weight(spec: ConvSpec, sparsity: float, pattern: str, seed: int, device
     pattern "random": a uniformly random mask with exactly round((1 - sparsity) * numel) non-zeros.
     pattern "dlmc-<method>" (e.g. "dlmc-magnitude_pruning"): the DLMC ResNet-50 mask of layer
     `spec.name` from set f"{method}-{sparsity:g}" when present (label `pattern`); otherwise the
-    random mask (label "random"). pattern "tiles<rows>[x<chunk>]-<pattern>" (rows 16, 32 or 64;
-    chunk 8, 16 or 32): that pattern's weight re-pruned into tiles (`tiled`; label the same prefix
-    + its label). Kept values
+    random mask (label "random"). pattern "tiles<rows>[x<chunk>][i]-<pattern>" (rows 16, 32 or 64;
+    chunk 8, 16 or 32; "i": index order): that pattern's weight re-pruned into tiles (`tiled`; label
+    the same prefix + its label). Kept values
     are normal(0, 1) * sqrt(2 / fan_in), drawn from a generator seeded by (seed, spec.name).
     """
     tiles, base = split_tiles_pattern(pattern)

@@ -68,18 +68,22 @@ def support_order(weight: torch.Tensor, chunk: int, group: int) -> list:
     non-zero. Channels sharing a support form a class. Classes whose size is a multiple of `group`
     come first, so that groups cut from the order start at class boundaries (a re-pruning's tiles,
     and a tile it split in two, keep whole groups), then the others; within each part, classes by
-    support (as a bit string, largest first), channels by index. Returns a permutation of 0..K-1.
+    their lowest channel, channels by index. So a weight whose classes are already runs of whole
+    groups in channel order (tiles re-pruned without reordering) keeps the identity, and its
+    kernel stores whole channel runs. Returns a permutation of 0..K-1.
     """
     K, C, R, S = weight.shape
     chunks = -(-C // chunk)
     padded = torch.zeros(K, chunks * chunk, R, S, dtype=torch.bool)
     padded[:, :C] = weight.detach().ne(0).cpu()
-    support = padded.reshape(K, chunks, chunk, R, S).any(dim=2).reshape(K, -1).to(torch.int64)
-    keys = [tuple(-bit for bit in row) for row in support.tolist()]
+    support = padded.reshape(K, chunks, chunk, R, S).any(dim=2).reshape(K, -1)
+    keys = [bytes(row) for row in support.numpy()]
     sizes: dict = {}
-    for key in keys:
+    first: dict = {}
+    for k, key in enumerate(keys):
         sizes[key] = sizes.get(key, 0) + 1
-    return sorted(range(K), key=lambda k: (sizes[keys[k]] % group != 0, keys[k], k))
+        first.setdefault(key, k)
+    return sorted(range(K), key=lambda k: (sizes[keys[k]] % group != 0, first[keys[k]], k))
 
 
 def pack_units(weight: torch.Tensor, group: int, chunk: int,
