@@ -20,7 +20,7 @@ from sparsecnn.nn import SparseConv2d
 gpu = pytest.mark.gpu
 
 if INTERPRET or torch.cuda.is_available():
-    from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig, candidate_configs, unit_conv
+    from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig, auto_configs, candidate_configs, unit_conv
 
 # Triton's interpreter converts a tensor loop bound with int() on a 1-element array (numpy warns).
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -146,6 +146,29 @@ def test_config_checks_and_candidates():
     assert len(set(small)) == len(small)
     large = candidate_configs(ConvSpec(1, 256, 256, 14, 14, 3, 3), torch.float16)
     assert {c.packing for c in large} == {(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)}
+
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="imports triton")
+def test_auto_configs_one_launch_per_packing_and_tf32_only_for_fp32():
+    spec = ConvSpec(1, 256, 256, 14, 14, 3, 3)
+    half = auto_configs(spec, torch.float16)
+    assert len(half) == 5 and {c.packing for c in half} == {c.packing for c in candidate_configs(spec, torch.float16)}
+    assert all(c.precision == "ieee" for c in half)
+    assert {c.precision for c in auto_configs(spec, torch.float32)} == {"tf32"}
+
+
+def test_tuner_offers_tensorcore_in_fp32_only_where_tf32_is_allowed():
+    if not (INTERPRET or torch.cuda.is_available()):
+        pytest.skip("imports triton")
+    from sparsecnn.tuning.precision import POLICIES
+    from sparsecnn.tuning.select import candidates_for
+
+    spec = ConvSpec(1, 256, 256, 14, 14, 3, 3)
+    def picked(policy):
+        return [c.config for c in candidates_for(spec, POLICIES[policy], "cuda") if c.backend == "tensorcore"]
+    assert picked("fp32") == []
+    assert {c.precision for c in picked("tf32")} == {"tf32"} and len(picked("tf32")) == 5
+    assert len(picked("fp16")) == 5
 
 
 # --- kernel on the CPU (interpreter) -------------------------------------------------------------

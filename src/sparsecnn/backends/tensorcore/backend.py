@@ -53,4 +53,5 @@ TENSORCORE = register_triton_backend(
     "tensorcore",
     "implicit GEMM on tensor cores over each output-channel group's kept units (runs of input channels at one "
     "tap), NHWC, Triton",
-    _kernels, "TensorCoreConfig", _prepare, _bind, channels_last=True)
+    _kernels, "TensorCoreConfig", _prepare, _bind,
+    auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype), channels_last=True)

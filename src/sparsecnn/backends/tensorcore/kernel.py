@@ -185,3 +185,15 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     packings = [(min(g, groups), min(c, chunks)) for g, c in _PACKINGS]
     return list(dict.fromkeys(TensorCoreConfig(g, c, m, w, st) for g, c in dict.fromkeys(packings)
                               for m, w, st in _LAUNCHES))
+
+
+def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
+    """What `backend="auto"` tries: every packing at the default launch (the probe's most frequent
+    winner, within 1% elsewhere), so tuning a model costs one compile per packing; for fp32 only
+    the TF32 variants (exact fp32 on FMA units never beat cuDNN), which the tuner offers only under
+    a policy that allows TF32."""
+    configs = [config for config in candidate_configs(spec, dtype)
+               if (config.block_m, config.num_warps, config.num_stages) == _LAUNCHES[0]]
+    if dtype == torch.float32:
+        configs = [dataclasses.replace(config, precision="tf32") for config in configs]
+    return configs
