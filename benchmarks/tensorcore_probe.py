@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.sparse._triton_ops import bsr_dense_mm
 
-from sparsecnn.backends.tensorcore.format import pack_units, support_order
+from sparsecnn.backends.tensorcore.format import pack_units
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig, unit_conv
 from sparsecnn.bench.env import environment, new_run_id
@@ -100,15 +100,13 @@ for name in wanted:
             w_cl = weight.contiguous(memory_format=torch.channels_last)
             fn = lambda: F.conv2d(x, w_cl, bias, spec.stride, spec.padding)
             emit(spec, "cudnn", pattern, None, benchmark(fn, device, hide_launch=True), rel_err(fn(), ref))
-        orders = {"index": None} if given is None else {"index": None,
-                                                         "support": support_order(weight, chunk, group)}
-        for order_name, order in orders.items():
+        for order in ("index",) if given is None else ("index", "support"):
             packed = pack_units(weight, group, chunk, order)
             for block_m, warps, stages in ((64, 4, 3), (128, 4, 3), (32, 4, 3)):
-                config = TensorCoreConfig(group, chunk, block_m, warps, stages)
+                config = TensorCoreConfig(group, chunk, block_m, warps, stages, order=order)
                 fn = lambda: unit_conv(x, packed, spec.stride, spec.padding, config, bias=bias)
                 y = fn()
-                emit(spec, "tensorcore", pattern, {**dataclasses.asdict(config), "order": order_name},
+                emit(spec, "tensorcore", pattern, dataclasses.asdict(config),
                      benchmark(fn, device, hide_launch=True), rel_err(y, ref),
                      {"units": packed.num_units, "permuted": packed.permuted})
         if dtype != torch.float32 and chunk >= 16 and spec.K % group == 0 and spec.C % chunk == 0:

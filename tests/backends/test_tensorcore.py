@@ -70,16 +70,18 @@ def expected(x, weight, bias, stride, padding, relu=False, residual=None):
 
 @pytest.mark.parametrize("K,C,R,group,chunk", [(33, 3, 3, 16, 8), (64, 20, 1, 32, 16), (17, 40, 5, 16, 32),
                                                (128, 64, 3, 64, 64)])
-@pytest.mark.parametrize("ordered", [False, True])
-def test_pack_units_holds_the_weight_exactly(K, C, R, group, chunk, ordered):
+@pytest.mark.parametrize("order", ["index", "support", "shuffled"])
+def test_pack_units_holds_the_weight_exactly(K, C, R, group, chunk, order):
     weight = unit_weight(K, C, R, R, group, chunk, scatter=0.02)
-    order = support_order(weight, chunk, group) if ordered else None
+    if order == "shuffled":
+        order = torch.randperm(K, generator=torch.Generator().manual_seed(1)).tolist()
     packed = pack_units(weight, group, chunk, order)
     assert torch.equal(unpack(packed), weight)
     assert packed.values.shape == (packed.num_units, chunk, group)
     assert packed.group_start[0] == 0 and packed.group_start[-1] == packed.num_units
     assert torch.all(packed.group_start[1:] >= packed.group_start[:-1])
-    assert packed.permuted == (order is not None and order != list(range(K)))
+    assert packed.permuted == (packed.out_channel[:K].tolist() != list(range(K)))
+    assert packed.order == (order if isinstance(order, str) else "given")
 
 
 def test_support_order_keeps_whole_groups_after_a_split_tile():
@@ -91,7 +93,7 @@ def test_support_order_keeps_whole_groups_after_a_split_tile():
     free = (~weight[channel].reshape(4, 16, 9).ne(0).any(dim=1)).nonzero()[0].tolist()  # one it lacks
     weight[channel, kept[0] * 16:(kept[0] + 1) * 16, kept[1] // 3, kept[1] % 3] = 0.0
     weight[channel, free[0] * 16:(free[0] + 1) * 16, free[1] // 3, free[1] % 3] = 1.0
-    packed = pack_units(weight, 32, 16, support_order(weight, 16, 32))
+    packed = pack_units(weight, 32, 16, "support")
     wasted = packed.num_units * 32 * 16 - int(weight.ne(0).sum())
     assert wasted == 32 * 16  # one unit on every row of the split tile's group; the whole tiles waste nothing
 
@@ -102,14 +104,14 @@ def test_support_order_keeps_the_identity_for_tiles_in_channel_order():
     kept = (torch.rand(3, 4, 3, 3, generator=gen) < 0.3).repeat_interleave(32, 0).repeat_interleave(16, 1)
     weight = torch.randn(96, 64, 3, 3, generator=gen) * kept
     assert support_order(weight, 16, 32) == list(range(96))
-    assert not pack_units(weight, 32, 16, support_order(weight, 16, 32)).permuted
+    assert not pack_units(weight, 32, 16, "support").permuted
 
 
 def test_support_order_recovers_the_tiles_of_a_unit_pruning():
     """Rows that share their units (a re-pruning's tiles, shuffled) come out as whole groups: every
     kept unit is dense, no MMA work is spent on zeros."""
     weight = unit_weight(96, 64, 3, 3, 32, 16, keep=0.2, seed=4)
-    packed = pack_units(weight, 32, 16, support_order(weight, 16, 32))
+    packed = pack_units(weight, 32, 16, "support")
     assert packed.num_units * 32 * 16 == int(weight.ne(0).sum())
     unordered = pack_units(weight, 32, 16)
     assert unordered.num_units > packed.num_units
@@ -127,6 +129,8 @@ def test_pack_units_rejects_bad_arguments():
         pack_units(torch.randn(4, 3, 3, 3), 16, 16, [0, 1, 1, 3])
     with pytest.raises(ValueError, match=r"\(K, C, R, S\)"):
         pack_units(torch.randn(4, 3, 3), 16, 16)
+    with pytest.raises(ValueError, match="order must be one of"):
+        pack_units(torch.randn(4, 3, 3, 3), 16, 16, "similar")
 
 
 # --- configs --------------------------------------------------------------------------------------
@@ -135,7 +139,7 @@ def test_pack_units_rejects_bad_arguments():
 def test_config_checks_and_candidates():
     config = TensorCoreConfig()
     assert TensorCoreConfig.from_dict(dataclasses.asdict(config)) == config
-    for field, bad in [("group", 24), ("chunk", 8), ("block_m", 48), ("num_warps", 2), ("num_stages", 1),
+    for field, bad in [("order", "given"), ("group", 24), ("chunk", 8), ("block_m", 48), ("num_warps", 2), ("num_stages", 1),
                        ("precision", "tf32x3"), ("group", True)]:
         with pytest.raises(ValueError, match=f"TensorCoreConfig.{field}"):
             TensorCoreConfig(**{field: bad})
@@ -145,14 +149,15 @@ def test_config_checks_and_candidates():
     assert small and all(c.group <= 64 and c.chunk == 16 for c in small)
     assert len(set(small)) == len(small)
     large = candidate_configs(ConvSpec(1, 256, 256, 14, 14, 3, 3), torch.float16)
-    assert {c.packing for c in large} == {(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)}
+    assert {c.packing[:2] for c in large} == {(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)}
+    assert {c.order for c in large} == {"support", "index"}
 
 
 @pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="imports triton")
 def test_auto_configs_one_launch_per_packing_and_tf32_only_for_fp32():
     spec = ConvSpec(1, 256, 256, 14, 14, 3, 3)
     half = auto_configs(spec, torch.float16)
-    assert len(half) == 5 and {c.packing for c in half} == {c.packing for c in candidate_configs(spec, torch.float16)}
+    assert len(half) == 10 and {c.packing for c in half} == {c.packing for c in candidate_configs(spec, torch.float16)}
     assert all(c.precision == "ieee" for c in half)
     assert {c.precision for c in auto_configs(spec, torch.float32)} == {"tf32"}
 
@@ -167,8 +172,8 @@ def test_tuner_offers_tensorcore_in_fp32_only_where_tf32_is_allowed():
     def picked(policy):
         return [c.config for c in candidates_for(spec, POLICIES[policy], "cuda") if c.backend == "tensorcore"]
     assert picked("fp32") == []
-    assert {c.precision for c in picked("tf32")} == {"tf32"} and len(picked("tf32")) == 5
-    assert len(picked("fp16")) == 5
+    assert {c.precision for c in picked("tf32")} == {"tf32"} and len(picked("tf32")) == 10
+    assert len(picked("fp16")) == 10
 
 
 # --- kernel on the CPU (interpreter) -------------------------------------------------------------
@@ -185,7 +190,7 @@ ODD_SHAPES = [  # (N, C, K, H, W, R, stride, padding)
 def test_kernel_matches_fp64_on_odd_shapes(N, C, K, H, W, R, stride, padding):
     config = TensorCoreConfig(group=16, chunk=16, block_m=32)
     weight = unit_weight(K, C, R, R, 16, 16, keep=0.4, scatter=0.05)
-    packed = pack_units(weight, 16, 16, support_order(weight, 16, 16))
+    packed = pack_units(weight, 16, 16, "support")
     x, bias = inputs((N, C, H, W)), torch.randn(K)
     y = unit_conv(x, packed, (stride, stride), (padding, padding), config, bias=bias)
     assert y.is_contiguous(memory_format=torch.channels_last)
@@ -196,13 +201,14 @@ def test_kernel_matches_fp64_on_odd_shapes(N, C, K, H, W, R, stride, padding):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("config", [TensorCoreConfig(g, c, m, w, s) for g, c, m, w, s in
-                                    [(16, 16, 32, 4, 3), (32, 16, 64, 4, 3), (64, 16, 32, 8, 2),
-                                     (16, 32, 128, 4, 3), (32, 64, 32, 4, 3)]], ids=str)
+@pytest.mark.parametrize("config", [TensorCoreConfig(g, c, m, w, s, order=o) for g, c, m, w, s, o in
+                                    [(16, 16, 32, 4, 3, "support"), (32, 16, 64, 4, 3, "index"),
+                                     (64, 16, 32, 8, 2, "support"), (16, 32, 128, 4, 3, "index"),
+                                     (32, 64, 32, 4, 3, "support")]], ids=str)
 def test_kernel_every_tile_shape_with_residual_and_relu(config):
     N, C, K, H, R = 2, 24, 40, 9, 3
     weight = unit_weight(K, C, R, R, config.group, config.chunk, keep=0.5, scatter=0.05)
-    packed = pack_units(weight, config.group, config.chunk, support_order(weight, config.chunk, config.group))
+    packed = pack_units(weight, *config.packing)
     x, bias = inputs((N, C, H, H)), torch.randn(K)
     residual = inputs((N, K, H, H), seed=5)
     y = unit_conv(x, packed, (1, 1), (1, 1), config, bias=bias, residual=residual, relu=True)
@@ -378,5 +384,6 @@ def test_candidate_packings_are_all_tested_on_the_gpu():
     if not (INTERPRET or torch.cuda.is_available()):
         pytest.skip("imports triton")
     configs = candidate_configs(ConvSpec(2, 64, 96, 14, 14, 3, 3, 2, 1), torch.float16)
-    assert {c.packing for c in configs} == {(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)}
+    assert {c.packing for c in configs} == {(g, c, order) for g, c in [(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)]
+                                            for order in ("support", "index")}
     assert {(c.block_m, c.num_warps, c.num_stages) for c in configs} == set(itertools.product((64, 128, 32), (4,), (3,)))

@@ -1,7 +1,7 @@
 """Backend `tensorcore`: sparse convolution on tensor cores over kept units (issue 45).
 
-prepare orders the output channels by the units they keep (`format.support_order`) and packs the
-weight for the config's (group, chunk) (`format.pack_units`); bind hands its tensors to the op
+prepare packs the weight for the config's (group, chunk) with its output channels in the config's
+order (`format.pack_units`: by the units they keep, or by index); bind hands its tensors to the op
 `sparsecnn::tensorcore_conv2d`, whose epilogue fuses bias, residual and ReLU. Inputs and outputs
 are channels_last. The kernel module imports triton, so it is imported on first use (configs,
 bind), never by `import sparsecnn`; CPU (fp32) runs only while TRITON_INTERPRET=1 is set.
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from sparsecnn.backends.tensorcore import op
-from sparsecnn.backends.tensorcore.format import UnitWeights, pack_units, support_order
+from sparsecnn.backends.tensorcore.format import UnitWeights, pack_units
 from sparsecnn.core.op_support import config_json
 from sparsecnn.core.registry import KernelCall
 from sparsecnn.core.spec import ConvSpec
@@ -31,18 +31,17 @@ def _prepare(weight: torch.Tensor, config: Any) -> UnitWeights:
     (None: the default config's)."""
     if config is None:
         config = _kernels().TensorCoreConfig()
-    group, chunk = config.packing
-    return pack_units(weight, group, chunk, support_order(weight, chunk, group))
+    return pack_units(weight, *config.packing)
 
 
 def _bind(packed: UnitWeights, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
     """The op `sparsecnn::tensorcore_conv2d` on the packed weight (config None: the default launch
     for the packing the weight has)."""
     if config is None:
-        config = _kernels().TensorCoreConfig(group=packed.group, chunk=packed.chunk)
-    if config.packing != (packed.group, packed.chunk):
-        raise ValueError(f"config packing (group, chunk) = {config.packing} differs from the weight's "
-                         f"{(packed.group, packed.chunk)}; prepare the weight for this config")
+        config = _kernels().TensorCoreConfig(group=packed.group, chunk=packed.chunk, order=packed.order)
+    if config.packing != (packed.group, packed.chunk, packed.order):
+        raise ValueError(f"config packing (group, chunk, order) = {config.packing} differs from the weight's "
+                         f"{(packed.group, packed.chunk, packed.order)}; prepare the weight for this config")
     tensors = (packed.values.to(dtype), packed.unit_tap, packed.unit_chunk, packed.group_start, packed.out_channel)
     static = (list(packed.kernel_shape), list(spec.stride), list(spec.padding), packed.permuted, config_json(config))
     return KernelCall(torch.ops.sparsecnn.tensorcore_conv2d.default, tensors, static,

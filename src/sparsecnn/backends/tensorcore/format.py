@@ -13,7 +13,7 @@ neighbouring pixels (cache reuse across taps).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Sequence, Union
 
 import torch
 
@@ -27,7 +27,8 @@ class UnitWeights:
     unit_chunk * chunk. group_start: (num_groups + 1,) int32, group g owns units
     [group_start[g], group_start[g + 1]). out_channel: (num_groups * group,) int32, the output
     channel of each group row, -1 for padding rows. permuted: False when out_channel is 0..K-1
-    (then rows past K are padding).
+    (then rows past K are padding). order: how the channels were ordered, "index", "support" or
+    "given" (an explicit permutation).
     """
 
     values: torch.Tensor
@@ -39,6 +40,7 @@ class UnitWeights:
     group: int
     chunk: int
     permuted: bool
+    order: str = "index"
 
     @property
     def num_groups(self) -> int:
@@ -86,14 +88,25 @@ def support_order(weight: torch.Tensor, chunk: int, group: int) -> list:
     return sorted(range(K), key=lambda k: (sizes[keys[k]] % group != 0, first[keys[k]], k))
 
 
+ORDERS = ("index", "support")
+
+
 def pack_units(weight: torch.Tensor, group: int, chunk: int,
-               permutation: Optional[Sequence[int]] = None) -> UnitWeights:
+               order: Union[str, Sequence[int]] = "index") -> UnitWeights:
     """Pack a dense (K, C, R, S) `weight` with zeros into units of `chunk` input channels for
-    groups of `group` output channels taken in `permutation` order (default 0..K-1)."""
+    groups of `group` output channels taken in `order`: "index" (0..K-1: each group is a run of
+    channels, stored contiguously), "support" (`support_order`: fewer units when similar channels
+    are scattered, stored through the channel map) or an explicit permutation of 0..K-1."""
     if weight.dim() != 4:
         raise ValueError(f"weight must be (K, C, R, S), got shape {tuple(weight.shape)}")
     K, C, R, S = weight.shape
-    order = list(range(K)) if permutation is None else _check_permutation(permutation, K)
+    if isinstance(order, str):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS} or a permutation, got {order!r}")
+        label = order
+        order = list(range(K)) if order == "index" else support_order(weight, chunk, group)
+    else:
+        label, order = "given", _check_permutation(order, K)
     num_groups = -(-K // group)
     chunks = -(-C // chunk)
     rows = torch.full((num_groups * group,), -1, dtype=torch.int64)
@@ -110,4 +123,4 @@ def pack_units(weight: torch.Tensor, group: int, chunk: int,
     return UnitWeights(values=values.transpose(1, 2).contiguous(), unit_tap=(r * S + s).to(torch.int32),
                        unit_chunk=c.to(torch.int32), group_start=group_start.to(weight.device),
                        out_channel=rows.to(torch.int32).to(weight.device), kernel_shape=(K, C, R, S),
-                       group=group, chunk=chunk, permuted=order != list(range(K)))
+                       group=group, chunk=chunk, permuted=order != list(range(K)), order=label)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sparsecnn.backends.tensorcore.format import UnitWeights
+from sparsecnn.backends.tensorcore.format import ORDERS, UnitWeights
 from sparsecnn.core.checks import check_residual, check_triton_input, config_from_dict
 
 GROUPS = (16, 32, 64, 128)
@@ -35,8 +35,10 @@ class TensorCoreConfig:
     (MMA K step), one of CHUNKS; block_m: output pixels per program (MMA M), one of BLOCK_MS;
     num_warps 4 or 8; num_stages 2-5 (shared-memory pipeline depth); precision: how fp32 inputs
     are multiplied, "ieee" (exact, FMA units) or "tf32" (tensor cores, inputs rounded to TF32, as
-    PyTorch's default convolutions); fp16/bf16 always run on tensor cores and carry "ieee".
-    (group, chunk) shape the packed weight (`packing`); the others only the launch."""
+    PyTorch's default convolutions); fp16/bf16 always run on tensor cores and carry "ieee";
+    order: how output channels are grouped (`format.pack_units`), "support" (fewest units, stores
+    through a channel map) or "index" (channel runs, contiguous stores).
+    (group, chunk, order) shape the packed weight (`packing`); the others only the launch."""
 
     group: int = 64
     chunk: int = 32
@@ -44,18 +46,20 @@ class TensorCoreConfig:
     num_warps: int = 4
     num_stages: int = 3
     precision: str = "ieee"
+    order: str = "support"
 
     def __post_init__(self):
         for name, allowed in (("group", GROUPS), ("chunk", CHUNKS), ("block_m", BLOCK_MS),
-                              ("num_warps", (4, 8)), ("num_stages", (2, 3, 4, 5)), ("precision", PRECISIONS)):
+                              ("num_warps", (4, 8)), ("num_stages", (2, 3, 4, 5)), ("precision", PRECISIONS),
+                              ("order", ORDERS)):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:
                 raise ValueError(f"TensorCoreConfig.{name} must be one of {allowed}, got {value!r}")
 
     @property
-    def packing(self) -> Tuple[int, int]:
-        """(group, chunk): what a `UnitWeights` is packed for."""
-        return self.group, self.chunk
+    def packing(self) -> Tuple[int, int, str]:
+        """(group, chunk, order): what a `UnitWeights` is packed for."""
+        return self.group, self.chunk, self.order
 
     @classmethod
     def from_dict(cls, saved: dict) -> "TensorCoreConfig":
@@ -136,8 +140,8 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
     (another layout is copied to it). bias: (K,) or None; residual: (N, K, P, Q) of x's dtype or None.
     stride, padding: (h, w) pairs. Returns (N, K, P, Q) in channels_last memory, x's dtype.
     """
-    if config.packing != (packed.group, packed.chunk):
-        raise ValueError(f"config packing (group, chunk) = {config.packing} does not match the packed weight's "
+    if config.packing[:2] != (packed.group, packed.chunk):
+        raise ValueError(f"config packing (group, chunk) = {config.packing[:2]} does not match the packed weight's "
                          f"{(packed.group, packed.chunk)}; prepare the weight for this config")
     check_triton_input(x, "tensorcore", (torch.float32, torch.float16, torch.bfloat16))
     if x.shape[1] != packed.kernel_shape[1]:
@@ -177,14 +181,15 @@ _PACKINGS = ((64, 32), (64, 64), (32, 32), (64, 16), (128, 32))
 
 def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     """Configs for the autotuner, default first: every packing of _PACKINGS whose group and chunk
-    do not exceed the layer's K and C (rounded up to a power of two, at least 16) with every
-    launch of _LAUNCHES; fp32 configs carry "ieee" (the tuner adds "tf32" variants where the
-    precision policy allows)."""
+    do not exceed the layer's K and C (rounded up to a power of two, at least 16), in both channel
+    orders (support order packs fewer units, index order stores contiguously: which wins is
+    measured), with every launch of _LAUNCHES; fp32 configs carry "ieee" (the tuner adds "tf32"
+    variants where the precision policy allows)."""
     groups = max(16, 1 << (spec.K - 1).bit_length())
     chunks = max(16, 1 << (spec.C - 1).bit_length())
     packings = [(min(g, groups), min(c, chunks)) for g, c in _PACKINGS]
-    return list(dict.fromkeys(TensorCoreConfig(g, c, m, w, st) for g, c in dict.fromkeys(packings)
-                              for m, w, st in _LAUNCHES))
+    return list(dict.fromkeys(TensorCoreConfig(g, c, m, w, st, order=order) for order in ("support", "index")
+                              for g, c in dict.fromkeys(packings) for m, w, st in _LAUNCHES))
 
 
 def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
