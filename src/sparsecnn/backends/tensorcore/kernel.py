@@ -22,6 +22,7 @@ import triton.language as tl
 
 from sparsecnn.backends.tensorcore.format import ORDERS, UnitWeights
 from sparsecnn.core.checks import check_residual, check_triton_input, config_from_dict
+from sparsecnn.core.op_support import output_shape
 
 GROUPS = (16, 32, 64, 128)
 CHUNKS = (16, 32, 64)  # tl.dot needs a reduction step of at least 16 for fp16/bf16
@@ -124,13 +125,6 @@ def _row_align(channels: int, chunk: int) -> int:
     return min(16, math.gcd(channels, chunk) & -math.gcd(channels, chunk))
 
 
-def output_shape(x_shape, kernel_shape, stride, padding) -> tuple:
-    """(N, K, P, Q) of a convolution of an (N, C, H, W) input (dilation 1)."""
-    N, _, H, W = x_shape
-    K, _, R, S = kernel_shape
-    return (N, K, (H + 2 * padding[0] - R) // stride[0] + 1, (W + 2 * padding[1] - S) // stride[1] + 1)
-
-
 def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: TensorCoreConfig,
               bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
               relu: bool = False) -> torch.Tensor:
@@ -149,7 +143,7 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
     x = x.contiguous(memory_format=torch.channels_last)
     N, C, H, W = x.shape
     K = packed.kernel_shape[0]
-    shape = output_shape(x.shape, packed.kernel_shape, stride, padding)
+    shape = output_shape(x, packed.kernel_shape, stride, padding)
     check_residual(residual, shape, x)
     y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if residual is not None:
