@@ -162,14 +162,18 @@ def _cmd_prune(args) -> None:
 
 
 def _tile_option(args) -> dict:
-    """The method options `--tile` and `--chunk` give: {"tile": 16 | 32 | 64 | "auto", "chunk": 1 | 8 |
-    16 | 32} for reprune-tiles, else {} (ValueError for a bad value or for either with another method)."""
-    if args.tile is None and args.chunk is None:
+    """The method options `--tile`, `--chunk` and `--order` give: {"tile": 16 | 32 | 64 | "auto",
+    "chunk": 1 | 8 | 16 | 32, "order": "greedy" | "none"} for reprune-tiles, else {} (ValueError for
+    a bad value or for any of them with another method). Units of chunk > 1 are for backend
+    tensorcore, which stores channel runs fast and permuted channels 1.5-14x slower (RESULTS.md),
+    so their order defaults to "none" (tiles of consecutive output channels)."""
+    given = {flag: value for flag, value in (("--tile", args.tile), ("--chunk", args.chunk), ("--order", args.order))
+             if value is not None}
+    if not given:
         return {}
     if args.method != "reprune-tiles":
-        flag = "--tile" if args.tile is not None else "--chunk"
-        raise ValueError(f"{flag} applies to --method reprune-tiles only, got --method {args.method}")
-    from sparsecnn.prune.tiles import CHUNK_SIZES, TILE_SIZES
+        raise ValueError(f"{next(iter(given))} applies to --method reprune-tiles only, got --method {args.method}")
+    from sparsecnn.prune.tiles import CHUNK_SIZES, ORDERS, TILE_SIZES
 
     options = {}
     if args.tile is not None:
@@ -180,6 +184,11 @@ def _tile_option(args) -> dict:
         if args.chunk not in CHUNK_SIZES:
             raise ValueError(f"--chunk must be one of {', '.join(map(str, CHUNK_SIZES))}, got {args.chunk!r}")
         options["chunk"] = args.chunk
+    if args.order is not None and args.order not in ORDERS:
+        raise ValueError(f"--order must be one of {', '.join(ORDERS)}, got {args.order!r}")
+    order = args.order or ("none" if (args.chunk or 1) > 1 else None)
+    if order is not None:
+        options["order"] = order
     return options
 
 
@@ -418,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--chunk", type=int, default=None,
                        help="reprune-tiles: input channels per kept unit (one tap), 1, 8, 16 or 32 (default 1); "
                             "units of 8 or more are what backend tensorcore loads fast")
+    prune.add_argument("--order", default=None,
+                       help="reprune-tiles: how output channels are grouped into tiles, greedy (by mask "
+                            "similarity) or none (consecutive channels; the default with --chunk > 1, the "
+                            "order backend tensorcore stores fast)")
     prune.add_argument("--data", default="digits",
                        help="digits, imagefolder:PATH (PATH/<class>/<image>, or PATH/train + PATH/val) or "
                             "cifar10:PATH (torchvision's CIFAR-10 python format)")

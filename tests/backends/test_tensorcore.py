@@ -157,7 +157,8 @@ def test_config_checks_and_candidates():
 def test_auto_configs_one_launch_per_packing_and_tf32_only_for_fp32():
     spec = ConvSpec(1, 256, 256, 14, 14, 3, 3)
     half = auto_configs(spec, torch.float16)
-    assert len(half) == 10 and {c.packing for c in half} == {c.packing for c in candidate_configs(spec, torch.float16)}
+    index_packings = {c.packing for c in candidate_configs(spec, torch.float16) if c.order == "index"}
+    assert len(half) == 5 and {c.packing for c in half} == index_packings
     assert all(c.precision == "ieee" for c in half)
     assert {c.precision for c in auto_configs(spec, torch.float32)} == {"tf32"}
 

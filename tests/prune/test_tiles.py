@@ -355,6 +355,10 @@ def test_cli_reprune_tiles_takes_the_chunk(tmp_path):
     chunks = padded.reshape(50, 3, 8, 25)
     full = chunks[:, :2]  # whole chunks of 8 channels: all kept or all pruned at each tap
     assert torch.equal(full.all(dim=2), full.any(dim=2))
+    units = full.any(dim=2)  # with --chunk, tiles are runs of 16 consecutive channels (order "none")
+    for start in range(0, 48, 16):
+        assert torch.equal(units[start:start + 16], units[start].expand(16, -1, -1))
+
 
 def test_cli_refuses_a_bad_chunk(tmp_path, capsys):
     assert main(["prune", "lenet5", "--method", "reprune-tiles", "--chunk", "4", "--device", "cpu",
@@ -362,3 +366,6 @@ def test_cli_refuses_a_bad_chunk(tmp_path, capsys):
     assert "--chunk must be one of 1, 8, 16, 32" in capsys.readouterr().err
     assert main(["prune", "lenet5", "--chunk", "8", "--device", "cpu", "-o", str(tmp_path / "x.pt")]) == 2
     assert "--chunk applies to --method reprune-tiles only" in capsys.readouterr().err
+    assert main(["prune", "lenet5", "--method", "reprune-tiles", "--order", "random", "--device", "cpu",
+                 "-o", str(tmp_path / "x.pt")]) == 2
+    assert "--order must be one of greedy, none" in capsys.readouterr().err

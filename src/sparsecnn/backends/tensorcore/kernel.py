@@ -187,12 +187,14 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
 
 
 def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
-    """What `backend="auto"` tries: every packing at the default launch (the probe's most frequent
-    winner, within 1% elsewhere), so tuning a model costs one compile per packing; for fp32 only
-    the TF32 variants (exact fp32 on FMA units never beat cuDNN), which the tuner offers only under
-    a policy that allows TF32."""
+    """What `backend="auto"` tries: every packing in index order at the default launch (the probe's
+    most frequent winner, within 1% elsewhere), so tuning a model costs one compile per packing; for
+    fp32 only the TF32 variants (exact fp32 on FMA units never beat cuDNN), which the tuner offers
+    only under a policy that allows TF32. Support order is left out: its scattered stores made every
+    one of ResNet-50's 16 probed layers 1.5-14x slower than the same units stored contiguously
+    (benchmarks/tensorcore_store_probe.py), so masks for this backend keep channel-run tiles."""
     configs = [config for config in candidate_configs(spec, dtype)
-               if (config.block_m, config.num_warps, config.num_stages) == _LAUNCHES[0]]
+               if (config.block_m, config.num_warps, config.num_stages) == _LAUNCHES[0] and config.order == "index"]
     if dtype == torch.float32:
         configs = [dataclasses.replace(config, precision="tf32") for config in configs]
     return configs
