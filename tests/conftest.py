@@ -11,8 +11,20 @@ import pytest
 import torch
 from helpers.common import GPU_SKIP, IN_CI, OPTIONAL_PREFIX, missing, require
 
-# Autotune decisions of test runs go to a throwaway directory, never the user's cache.
-os.environ.setdefault("SPARSECNN_CACHE_DIR", tempfile.mkdtemp(prefix="sparsecnn-test-cache-"))
+# Autotune decisions of test runs go to throwaway directories, never the user's cache: one per process
+# (what module and session fixtures tune), and a fresh one per test (`_own_tuning_cache`), so no test
+# reads what another one tuned, whatever the order. Set here, not inherited: xdist's workers start
+# with the environment of the controller, which imported this file first.
+_CACHE_ROOT = tempfile.mkdtemp(prefix="sparsecnn-test-cache-")
+os.environ["SPARSECNN_CACHE_DIR"] = _CACHE_ROOT
+
+# xdist: one worker per core, so each worker computes on its share of the cores (its subprocesses
+# too, through OMP_NUM_THREADS). PyTorch's default, a thread per core in every worker, runs a CPU
+# suite several times slower there.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 _SKIPS = {"gpu": [], "optional": [], "other": []}  # (test id, reason) of each skip, by kind
 
@@ -70,6 +82,11 @@ def pytest_terminal_summary(terminalreporter):
                                     "others:", red=True, bold=True)
         for nodeid, reason in _SKIPS["other"]:
             terminalreporter.write_line(f"  {nodeid}: {reason}", red=True)
+
+
+@pytest.fixture(autouse=True)
+def _own_tuning_cache(monkeypatch):
+    monkeypatch.setenv("SPARSECNN_CACHE_DIR", tempfile.mkdtemp(dir=_CACHE_ROOT))
 
 
 @pytest.fixture(autouse=True)

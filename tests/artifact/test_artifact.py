@@ -487,6 +487,7 @@ def test_cli_compile_and_load_with_real_cpu_timings(tmp_path, capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 def test_gpu_resnet18_cifar_auto_round_trip(tmp_path):
     model = _pruned("resnet18-cifar")
     out = tmp_path / "artefact"
@@ -507,6 +508,7 @@ def test_gpu_resnet18_cifar_auto_round_trip(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "tf32"])
 def test_gpu_reduced_precision_artefact_is_as_close_to_fp64_as_the_dense_model(tmp_path, dtype):
     """The loaded artefact (auto backends, tuned on this GPU) against an fp64 run of the dense masked

@@ -307,6 +307,7 @@ def test_every_launch_candidate_matches_the_fp64_reference(spec):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 def test_sparsert_rows_on_the_gpu():
     specs = [ConvSpec(1, 64, 64, 14, 14, 3, 3, 1, 1, name="c3"), ConvSpec(2, 64, 256, 14, 14, 1, 1, name="c1")]
     rows = peer_rows(_gpu_peer(), specs, "cuda", sparsity=0.9, baselines=False)

@@ -189,6 +189,7 @@ def test_sputnik_fp16_within_twice_cudnn_error(r, stride, padding, sparsity):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 @needs("sputnik")
 def test_sputnik_rows_on_the_gpu():
     specs = [ConvSpec(4, 64, 64, 14, 14, 3, 3, 1, 1, name="c3"), ConvSpec(4, 64, 256, 14, 14, 1, 1, name="c1")]

@@ -194,6 +194,7 @@ def test_autotune_model_reports_the_linears(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 def test_tune_linears_on_cuda_picks_a_split_that_matches_f_linear():
     model = nn.Sequential(SplitKLinear(4096, 1024), nn.ReLU(), SplitKLinear(1024, 1000)).cuda().eval()
     x = torch.randn(32, 4096, device="cuda")

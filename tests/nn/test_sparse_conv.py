@@ -185,6 +185,7 @@ def test_baselines_on_cuda_match_reference(backend, dtype, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 def test_sparsify_auto_on_cuda_matches_dense(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # fp32 exact: cuDNN defaults to TF32
     model = build_model("resnet18-cifar").eval().cuda()

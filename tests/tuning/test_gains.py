@@ -28,6 +28,7 @@ def test_only_the_named_convs_are_timed_and_the_model_is_left_alone():
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 @needs_cuda
 def test_gains_are_measured_on_cuda():
     model = pruned_lenet5("cuda")

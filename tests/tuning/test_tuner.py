@@ -650,6 +650,7 @@ def test_sparsify_stores_the_report_on_the_model(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 def test_autotuned_resnet18_cifar_equals_the_dense_model(tmp_path):
     from sparsecnn.models import build_model
     from sparsecnn.prune import prune_magnitude_
@@ -667,6 +668,7 @@ def test_autotuned_resnet18_cifar_equals_the_dense_model(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 @pytest.mark.parametrize("dtype", ["tf32", "fp16"])
 def test_tf32_and_fp16_policies_on_cuda(tmp_path, dtype):
     model = _model().cuda()
@@ -739,6 +741,7 @@ def test_example_inputs_may_come_in_the_models_dtype_or_the_target_dtype(tmp_pat
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_a_sparsified_cuda_model_replays_cuda_graphs_for_plain_calls(tmp_path, dtype):
     from sparsecnn.nn.graphed import cuda_graph_forward
