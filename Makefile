@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test gpu-test sanitize clean
+.PHONY: demo test test-quick gpu-test sanitize clean
 
 # nvcc/ptxas: the system's CUDA toolkit where core.toolchain finds one, else NVIDIA's pip wheels.
 # g++ is not installed here: tests that need it fail in CI (CI=true) without it.
@@ -23,8 +23,15 @@ $(STAMP): pyproject.toml requirements-ci.txt requirements-cuda-tools.txt
 demo: $(STAMP)
 	$(PY) -m sparsecnn.cli demo
 
+# The CPU suite in parallel, one pytest-xdist worker per core, in a random order each run
+# (pytest-randomly prints its seed; `-p randomly --randomly-seed=N` repeats an order).
+# test-quick: the same without the tests marked `slow` (every module still runs).
+WORKERS ?= auto
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(WORKERS)
+
+test-quick: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(WORKERS) -m "not slow"
 
 # On a GPU machine (torch with CUDA installed): the whole `gpu` suite in chunks, logs under $(OUT).
 gpu-test:

@@ -336,6 +336,15 @@ def test_direct_and_blocks_formats_are_restored_without_repacking(tmp_path, monk
     from sparsecnn.backends.blocks.kernel import BlocksWeight
     from sparsecnn.backends.direct.format import ChunkedCSRWeight
 
+    from sparsecnn.tuning import select
+
+    def fewest_programs(*args, **kwargs):  # the format, not the search, is tested: one cheap config each
+        configs = every_config(*args, **kwargs)  # (direct: a "chunk" one, whose format is ChunkedCSRWeight)
+        return sorted(configs, key=lambda c: (getattr(c, "variant", "chunk") != "chunk",
+                                              -getattr(c, "block_pix", 0) * getattr(c, "block_k", 1)))[:1]
+
+    every_config = select._configs
+    monkeypatch.setattr(select, "_configs", fewest_programs)
     out = tmp_path / "artefact"
     tuned = compile_model("lenet5", None, [1, 1, 28, 28], "fp32", ["direct", "blocks"], out, device="cpu",
                           cache_dir=tmp_path / "cache", progress=False, timer=PerLayerTimer(["direct", "blocks"]))

@@ -396,6 +396,7 @@ def test_slices_share_one_template(cache):
 
 
 @needs_tools
+@pytest.mark.slow
 def test_resnet_conv1_default_tiling_does_not_spill(cache):
     spec = next(s for s in get_suite("dong", 64) if s.name == "resnet-conv1")
     compiled = codegen.compile_conv(sparse(spec.weight_shape, 0.9), spec, cache=cache)

@@ -306,6 +306,7 @@ def test_fp16_weights_are_rounded_to_half(cache):
 
 @needs_tools
 @pytest.mark.parametrize("accumulate", ["float", "half2"])
+@pytest.mark.slow
 def test_fp16_resnet_conv1_default_tilings_do_not_spill(cache, accumulate):
     """half2 has no launch bound (plan._bounded): with one, ptxas 13.0 spilled 336 B here."""
     spec = next(s for s in get_suite("dong", 64) if s.name == "resnet-conv1")

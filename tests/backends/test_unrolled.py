@@ -223,6 +223,7 @@ def test_the_non_zero_limit_can_be_raised_by_the_environment(monkeypatch):
 
 
 @needs_tools
+@pytest.mark.slow
 def test_every_candidate_compiles_without_spills():
     spec = _spec(32, 64, 96, 16, 16, 3, 1, 1)   # Q = 16: every tq divides it
     weight = _weight(spec, 0.9).numpy()
@@ -385,6 +386,7 @@ def test_the_dtype_is_part_of_the_compile_keys():
 
 @needs_tools
 @pytest.mark.parametrize("n", [32, 3])
+@pytest.mark.slow
 def test_every_float16_candidate_compiles_without_spills(n):
     spec = _spec(n, 64, 96, 16, 16, 3, 1, 1)   # Q = 16: every tq divides it
     weight = _weight(spec, 0.9).numpy()

@@ -97,6 +97,7 @@ def test_candidates_name_every_refusal():
 
 
 @needs("triton")
+@pytest.mark.slow
 def test_smoke_run_on_cpu(tmp_path):
     table9 = script_module("unsparse_table9")
     out, png = tmp_path / "table9.jsonl", tmp_path / "table9.png"

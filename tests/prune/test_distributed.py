@@ -32,6 +32,7 @@ def _run(command, out: Path, *args: str):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_torchrun_gloo_ranks_share_masks_and_match_one_process_with_the_same_global_batch(tmp_path):
     """Two ranks of 16 samples per step against one process of 32: the same masks; weights within
     1e-5 (the ranks average two half-batch means where one process takes the whole batch's mean,

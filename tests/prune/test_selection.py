@@ -86,6 +86,7 @@ def test_search_keeps_the_unstructured_model_when_no_b3_is_within_the_budget():
 
 
 @needs_interpreter
+@pytest.mark.slow
 def test_reprune_select_method_end_to_end(small_digits):
     torch.manual_seed(0)
     model = build_model("lenet5")

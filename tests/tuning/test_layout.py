@@ -167,6 +167,7 @@ def test_batch_innermost_outputs_leave_the_outputs_unchanged(model_class, layers
 
 @needs_interpreter
 @pytest.mark.parametrize("inner_faster", [True, False])
+@pytest.mark.slow
 def test_kept_only_when_faster_and_outputs_unchanged(inner_faster):
     model, gm, tuned = _batch_model("abcd")
     x = torch.randn(4, 3, 9, 9)
@@ -202,6 +203,7 @@ class Inception(nn.Module):
 
 
 @needs_interpreter
+@pytest.mark.slow
 def test_candidates_look_through_a_merged_layers_channel_slices():
     from sparsecnn.backends.direct.kernel import DirectConfig
 
