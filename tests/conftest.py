@@ -34,7 +34,9 @@ def pytest_configure(config):
                                        "(helpers.common.REQUIREMENTS); skipped without them, failed in CI")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
+    _mark_unsampled_slow(items)
     gpu_skip = None if torch.cuda.is_available() else pytest.mark.skip(reason=GPU_SKIP)
     for item in items:
         if gpu_skip is not None and "gpu" in item.keywords:
@@ -43,6 +45,20 @@ def pytest_collection_modifyitems(config, items):
             verdict = missing(*marker.args)
             if verdict is not None and verdict[0] == "skip":
                 item.add_marker(pytest.mark.skip(reason=verdict[1]))
+
+
+def _mark_unsampled_slow(items):
+    """`@pytest.mark.quick_sample(every)` on a parametrized test: all but every `every`-th of its
+    cases (by test id, so the same on every xdist worker whatever the order) are marked `slow`."""
+    groups = {}
+    for item in items:
+        marker = item.get_closest_marker("quick_sample")
+        if marker is not None:
+            groups.setdefault((item.path, item.originalname), (marker.args[0], []))[1].append(item)
+    for every, group in groups.values():
+        for index, item in enumerate(sorted(group, key=lambda item: item.nodeid)):
+            if index % every:
+                item.add_marker(pytest.mark.slow)
 
 
 def pytest_runtest_setup(item):

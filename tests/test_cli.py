@@ -67,6 +67,7 @@ def test_bench_layers_peers_fail_at_once_naming_the_option(tmp_path, capsys, mon
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_demo_runs_and_reports_speedup(capsys):
     assert main(["demo", "--batch", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

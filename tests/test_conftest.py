@@ -31,6 +31,12 @@ def test_on_the_gpu():
     pass
 
 
+@pytest.mark.quick_sample(2)
+@pytest.mark.parametrize("i", range(4))
+def test_sampled(i):
+    pass
+
+
 def test_optional():
     pytest.skip(OPTIONAL_PREFIX + "needs a package CI does not install")
 
@@ -58,7 +64,8 @@ def _run_suite(tmp_path, *options, other):
     suite = tmp_path / "suite"
     shutil.copytree(TESTS / "helpers", suite / "helpers", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(TESTS / "conftest.py", suite / "conftest.py")
-    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA GPU\n")
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA GPU\n    slow: long\n"
+                                      "    quick_sample(every): every every-th case is quick\n")
     (suite / "test_inner.py").write_text(_SUITE)
     (suite / "test_skipped_module.py").write_text(_SKIPPED_MODULE)
     notes = tmp_path / "notes"
@@ -99,3 +106,9 @@ def test_under_xdist_ci_fails_on_other_skips_and_workers_tune_apart(tmp_path):
     assert len(set(per_test)) == len(per_test) == 4, caches
     roots = {worker: {str(Path(cache).parent) for cache in worker_caches} for worker, worker_caches in caches.items()}
     assert all(len(root) == 1 for root in roots.values()) and roots["gw0"] != roots["gw1"], roots
+
+
+def test_quick_sample_leaves_every_nth_case_out_of_the_slow_ones(tmp_path):
+    done, _ = _run_suite(tmp_path, "--co", "-q", "-m", "not slow", "-k", "sampled", other=False)
+    kept = [line for line in done.stdout.splitlines() if "test_sampled" in line]
+    assert kept == ["test_inner.py::test_sampled[0]", "test_inner.py::test_sampled[2]"], done.stdout + done.stderr

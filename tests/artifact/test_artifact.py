@@ -114,6 +114,7 @@ def _equal_outputs(first, second, shape, dtype=torch.float32):
         return torch.equal(first(x), second(x))
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("weights_format", ["pt", "safetensors"])
 def test_resnet18_cifar_round_trip_is_bit_identical_and_matches_fp64(tmp_path, weights_format):
     if weights_format == "safetensors":
@@ -331,6 +332,7 @@ def test_packed_formats_keep_their_strides_and_shared_tensors(tmp_path):
     assert len(tensors) == 4  # row_ptr, col_idx, values (stored once), row_order
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_direct_and_blocks_formats_are_restored_without_repacking(tmp_path, monkeypatch):
     from sparsecnn.backends.blocks.kernel import BlocksWeight
@@ -460,6 +462,7 @@ def test_bad_arguments_are_clear_errors(tmp_path):
         load(tmp_path / "missing")
 
 
+@pytest.mark.quick_sample(3)
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_every_model_rebuilds_uninitialised_as_it_simplifies(name):
     shape = [1, *default_input_shape(name)]

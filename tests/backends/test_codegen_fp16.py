@@ -318,6 +318,7 @@ def test_fp16_resnet_conv1_default_tilings_do_not_spill(cache, accumulate):
 # --- the generated float16 CUDA C, run on the CPU ----------------------------------------------
 
 
+@pytest.mark.quick_sample(3)
 @needs_gxx
 @pytest.mark.parametrize("accumulate", ["float", "half2"])
 @pytest.mark.parametrize("r, stride, pad, relu, has_bias", [
@@ -338,6 +339,7 @@ def test_emitted_fp16_source_computes_the_convolution(tmp_path, accumulate, r, s
     assert (y[:, 7] == channel_bias).all()
 
 
+@pytest.mark.quick_sample(3)
 @needs_gxx
 @pytest.mark.parametrize("tiling", list(TILINGS))
 def test_emitted_half2_tilings(tmp_path, tiling):

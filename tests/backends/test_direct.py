@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 import torch
-from helpers.common import INTERPRET, needs_cuda, needs_interpreter, thinned
+from helpers.common import INTERPRET, needs_cuda, needs_interpreter
 
 from sparsecnn.backends import get_backend
 from sparsecnn.backends.direct.format import (
@@ -316,8 +316,9 @@ def test_auto_tries_the_configs_that_ever_won(spec):
 # --- kernel on CPU (interpreter) -----------------------------------------------------
 
 
+@pytest.mark.quick_sample(3)
 @needs_interpreter
-@pytest.mark.parametrize("config", thinned(all_configs(), 3, single=True) if INTERPRET else [], ids=config_id)
+@pytest.mark.parametrize("config", all_configs() if INTERPRET else [], ids=config_id)
 def test_every_config(config):
     # 7x5 output pixels: a partial last pixel block for every block_pix (7x7 had it too); stride 2
     # reaches the bottom and right padding.
@@ -332,9 +333,10 @@ SHAPES = [(kernel, stride, padding) for kernel, stride, padding in itertools.pro
 SHAPES += [(1, 3, 0), (3, 3, 1), (5, 3, 2)]  # stride 3
 
 
+@pytest.mark.quick_sample(4)
 @needs_interpreter
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("kernel,stride,padding", thinned(SHAPES, 4))
+@pytest.mark.parametrize("kernel,stride,padding", SHAPES)
 def test_shapes(kernel, stride, padding, variant):
     case = SHAPES.index((kernel, stride, padding))
     sparsity = (0.5, 0.9, 0.99)[case % 3]
@@ -345,6 +347,7 @@ def test_shapes(kernel, stride, padding, variant):
     check_fp32(inputs(batch, 3, 9, 9, seed=case), weight, bias, stride, padding, config, zero_channels=(5,))
 
 
+@pytest.mark.quick_sample(2)
 @needs_interpreter
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("relu", [False, True])
@@ -356,6 +359,7 @@ def test_zero_weight_gives_exactly_the_bias(variant, relu):
     assert torch.equal(y, want.view(1, -1, 1, 1).expand_as(y))
 
 
+@pytest.mark.quick_sample(2)
 @needs_interpreter
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fused_relu_and_no_bias(variant):
@@ -376,6 +380,7 @@ def test_conv1d_as_h1(variant):
                    zero_channels=(1,))
 
 
+@pytest.mark.quick_sample(3)
 @needs_interpreter
 @pytest.mark.parametrize("layout", ["channels_last", "sliced", "transposed"])
 @pytest.mark.parametrize("padding", [0, 1])
@@ -391,6 +396,7 @@ def test_non_contiguous_inputs(layout, padding):
         check_fp32(x, weight, torch.randn(K), 1, padding, config)
 
 
+@pytest.mark.quick_sample(3)
 @needs_interpreter
 @pytest.mark.parametrize("out_layout", ["nchw", "batch_inner"])
 @pytest.mark.parametrize("in_layout", ["nchw", "batch_inner", "channels_last"])

@@ -91,6 +91,7 @@ def direct_configs(spec=SPEC, dtype=torch.float32):
     return [next(c for c in configs if c.variant == variant) for variant in ("chunk", "ell", "csr")]
 
 
+@pytest.mark.quick_sample(2)
 @needs_interpreter
 @pytest.mark.parametrize("variant", [0, 1, 2], ids=["chunk", "ell", "csr"])
 @pytest.mark.parametrize("epilogue", [False, True], ids=["plain", "bias-residual-relu"])
@@ -101,6 +102,7 @@ def test_opcheck_direct(variant, epilogue):
     torch.library.opcheck(op, args)
 
 
+@pytest.mark.quick_sample(2)
 @needs_interpreter
 @pytest.mark.parametrize("out_layout", ["nchw", "batch_inner"])
 def test_opcheck_direct_batch(out_layout):
@@ -204,6 +206,7 @@ def layer_and_inputs(backend, relu, with_residual, with_bias, device="cpu", dtyp
     return layer, x, residual
 
 
+@pytest.mark.quick_sample(3)
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("relu, with_residual", EPILOGUES, ids=["none", "relu", "residual", "residual-relu"])
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
@@ -330,6 +333,7 @@ class TwoConvs(nn.Module):
         return self.conv2(y, residual=y)
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_compile_fullgraph_equals_eager(backend):
     torch._dynamo.reset()

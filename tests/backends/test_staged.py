@@ -18,7 +18,7 @@ from helpers.codegen import (
     needs_tools,
     reference_with_epilogue,
 )
-from helpers.common import needs_cuda, thinned
+from helpers.common import needs_cuda
 from helpers.staged import run_staged_on_cpu
 
 from sparsecnn.backends import get_backend
@@ -169,8 +169,9 @@ def _cpu_case(shape, config, relu, with_bias, with_residual, batch_inner, tmp_pa
     assert relative_error(torch.from_numpy(y), ref) < 1e-6
 
 
+@pytest.mark.quick_sample(4)
 @needs_gxx
-@pytest.mark.parametrize("shape", thinned(ODD_SHAPES, 2, single=True),
+@pytest.mark.parametrize("shape", ODD_SHAPES,
                          ids=[f"C{s[0]}K{s[1]}H{s[2]}W{s[3]}R{s[4]}s{s[5]}p{s[6]}" for s in ODD_SHAPES])
 def test_kernel_source_computes_the_convolution_on_the_cpu(shape, tmp_path):
     """Small configs (few threads per block) on every odd shape, all epilogue flags and both
@@ -222,6 +223,7 @@ def test_every_candidate_config_computes_the_convolution_on_the_cpu(tmp_path):
         _cpu_case(shape, config, True, True, True, True, tmp_path)
 
 
+@pytest.mark.quick_sample(4)
 @needs_tools
 @pytest.mark.parametrize("geometry", [(1, 1, 0), (3, 1, 1), (3, 2, 1), (7, 2, 3)])
 def test_every_candidate_compiles_without_spills(geometry):

@@ -150,6 +150,7 @@ def test_weights_become_exact_immediates():
         unrolled_source.f32_hex(float("inf"))
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("shape", ODD_SHAPES)
 def test_every_candidate_computes_the_convolution_on_the_cpu(shape):
     spec = _spec(*shape)

@@ -28,6 +28,7 @@ def test_structured_shapes_follow_the_paper_on_the_dong_suite():
     assert not {"dense", "dense-tf32", "im2col-cublas", "im2col-cusparse"} & set(fig9.our_backends())
 
 
+@pytest.mark.slow
 @needs("triton")
 def test_smoke_run_on_cpu(tmp_path):
     out, raw, png = tmp_path / "fig9.jsonl", tmp_path / "raw.jsonl", tmp_path / "fig9.png"

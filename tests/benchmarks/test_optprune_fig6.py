@@ -11,6 +11,7 @@ from helpers.scripts import run_script, script_module
 from sparsecnn.bench.schema import FIELDS, validate_row
 
 
+@pytest.mark.slow
 @needs("triton")
 def test_smoke_run_on_cpu(tmp_path):
     out, png = tmp_path / "fig6.jsonl", tmp_path / "fig6.png"

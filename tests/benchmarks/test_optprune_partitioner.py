@@ -121,6 +121,7 @@ def _check_blocks_rows(rows, partitioners, layers, sparsity):
         assert row["macs_per_nnz"] >= 1.0 and row["tiles"] == 1 and row["seconds"] >= 0
 
 
+@pytest.mark.slow
 @needs("triton")
 def test_smoke_run_on_cpu(tmp_path):
     out, png = tmp_path / "partitioner.jsonl", tmp_path / "partitioner.png"

@@ -132,6 +132,7 @@ def test_smoke_run_on_cpu(tmp_path):
     assert f"(run {rows[0]['run']})" in replot.stdout and "pietron-vgg16 fp32 (1 layers, N=8)" in replot.stdout
 
 
+@pytest.mark.slow
 @needs("triton")
 def test_smoke_run_picks_the_fastest_candidate_of_each_sbs(tmp_path):
     table9 = script_module("unsparse_table9")

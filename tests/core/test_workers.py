@@ -3,6 +3,8 @@ hands jobs to workers runs its body once, and the jobs' results come back."""
 import subprocess
 import sys
 
+import pytest
+
 from helpers.common import SRC
 
 SCRIPT = """
@@ -35,6 +37,7 @@ def test_an_unguarded_script_runs_its_body_once_and_gets_the_workers_results(tmp
     assert "results 120 720" in result.stdout and "in-process" not in result.stderr
 
 
+@pytest.mark.slow
 def test_an_unguarded_module_run_with_dash_m_runs_its_body_once(tmp_path):
     result = _run(tmp_path, "-m", "unguarded")
     assert result.returncode == 0, result.stderr

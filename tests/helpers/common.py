@@ -160,11 +160,3 @@ def dense_reference(model: torch.nn.Module, x: torch.Tensor, dtype, factor: floa
     assert 0 < error < 0.1, f"the dense model's own error in {dtype} is {error:.2e}: no tolerance to derive"
     return ref, factor * error
 
-
-def thinned(params, keep_every: int, single: bool = False) -> list:
-    """`params` of a `pytest.mark.parametrize`, all but every `keep_every`-th one marked `slow`:
-    `make test` runs them all, `make test-quick` an even spread of them. single: each param is the
-    value of one argument (even when it is a tuple), not a tuple of several arguments' values."""
-    return [value if index % keep_every == 0 else
-            pytest.param(*((value,) if single or not isinstance(value, tuple) else value), marks=pytest.mark.slow)
-            for index, value in enumerate(params)]

@@ -57,6 +57,7 @@ def check_pool(device, dtype, pool, layout, config=None):
     assert memory_order(y) == expected_order(layout, x) and y.permute(memory_order(y)).is_contiguous()
 
 
+@pytest.mark.quick_sample(4)
 @needs_interpreter
 @pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("layout", LAYOUTS)

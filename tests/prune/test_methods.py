@@ -87,6 +87,7 @@ def test_default_pruned_layers_leave_out_the_classifier():
         layer_sparsities(build_model("lenet5"), {"fc9": 0.5})
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("method, options", [
     ("magnitude", dict(epochs=1)),
     ("gradual", dict(prune_epochs=2, finetune_epochs=1, prune_every=3)),
