@@ -81,10 +81,10 @@ def test_sparse_conv_binds_per_residual_and_prepares_per_takes_residual(probe):
         assert binds == ["relu", "plain"]
     layer.activation = "relu"
     layer.prepare(x)
-    assert binds[-1] == "relu"
+    assert layer._binding.key == layer._binding_key(x, False) and binds == ["relu", "plain"]  # both kept
     layer.takes_residual = True
     layer.prepare(x)
-    assert binds[-1] == "plain" and "takes_residual=True" in repr(layer)
+    assert layer._binding.key == layer._binding_key(x, True) and "takes_residual=True" in repr(layer)
 
 
 def test_takes_residual_survives_the_state_dict_and_defaults_to_the_modules_own():

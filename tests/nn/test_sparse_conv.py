@@ -208,3 +208,35 @@ def test_bound_weights_are_marked_static_as_dynamo_marks_them():
     marked = torch.zeros(2)
     torch._dynamo.mark_static_address(marked)
     assert marked._dynamo_static_input_type == STATIC_INPUT_TYPE
+
+
+def test_each_input_shape_keeps_its_binding_up_to_max_bindings():
+    from sparsecnn.nn.sparse_conv import MAX_BINDINGS
+
+    layer = SparseConv2d.from_dense(_conv(), "im2col-cusparse")
+    first = layer.prepare(torch.randn(1, 3, 13, 13))._binding
+    second = layer.prepare(torch.randn(2, 3, 13, 13))._binding
+    assert first is not second and layer.prepare(torch.randn(1, 3, 13, 13))._binding is first  # kept, not rebound
+    for batch in range(3, MAX_BINDINGS + 2):  # MAX_BINDINGS - 1 more shapes drop the least recently used, batch 2
+        layer.prepare(torch.randn(batch, 3, 13, 13))
+    assert len(layer._bindings) == MAX_BINDINGS
+    assert [key[1][0] for key in layer._bindings] == [1, *range(3, MAX_BINDINGS + 2)]
+    assert layer._current_binding(torch.randn(1, 3, 13, 13), False) is first
+    state = layer.backend_state()
+    layer.set_backend("dense", None)
+    assert layer._binding is None
+    layer.restore_backend(state)
+    assert layer._binding is state[-1][next(reversed(state[-1]))]
+
+
+def test_a_weight_edit_rebinds_the_shape_called_and_keeps_the_others():
+    layer = SparseConv2d.from_dense(_conv(), "im2col-cublas")
+    x1, x2 = torch.randn(1, 3, 13, 13), torch.randn(2, 3, 13, 13)
+    layer(x1)
+    old = layer._bindings.copy()
+    layer(x2)
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    assert relative_error(layer(x1), layer.to_dense()(x1)) < 1e-6
+    key1 = next(iter(old))
+    assert layer._bindings[key1] is not old[key1] and layer._binding is layer._bindings[key1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,9 @@ from sparsecnn.core.spec import ConvSpec
 from sparsecnn.nn.pool import max_pool2d
 
 ACTIVATIONS = ("none", "relu")
+# Input signatures (e.g. batch sizes) a layer keeps bound at once, the least recently used dropped: enough
+# for a model compiled at a few shapes to find every one bound, as torch.compile needs (see forward).
+MAX_BINDINGS = 8
 STATIC_INPUT_TYPE = "unguarded"  # what torch._dynamo.mark_static_address(t) sets as t._dynamo_static_input_type
 
 
@@ -40,8 +43,9 @@ class SparseConv2d(nn.Module):
     Cases the backend does not support run densely (F.conv2d); `extra_repr` says so.
 
     Each input signature (shape, dtype, device, and whether a residual is passed) is planned,
-    packed and bound once, eagerly (`prepare`, or the first forward); after that forward is pure
-    tensor work, so the layer runs under torch.compile as one graph node per conv and under
+    packed and bound once, eagerly (`prepare`, or the first forward), and kept (the
+    `MAX_BINDINGS` signatures used last); after that forward is pure tensor work, so the layer runs under
+    torch.compile as one graph node per conv, at every shape it was bound for, and under
     CUDA-graph capture. `takes_residual` (set by `prepare_for_inference` when it fuses an add
     into the layer) says which way `prepare` binds: with relu and no residual, a backend may
     compile the ReLU into its kernel (`Backend.bind_for`).
@@ -83,16 +87,22 @@ class SparseConv2d(nn.Module):
         self.config = config
         self._packed = None
         self._packed_key = None
-        self._binding: Optional[_Binding] = None
+        self._bindings: Dict[Tuple, _Binding] = {}  # binding key -> binding, least recently used first
+
+    @property
+    def _binding(self) -> Optional["_Binding"]:
+        """The binding used or made last in eager mode (None: none since the backend was set)."""
+        return next(reversed(self._bindings.values()), None)
 
     def backend_state(self) -> tuple:
-        """The backend, config, packed weight and binding, for `restore_backend` (so that trying
+        """The backend, config, packed weight and bindings, for `restore_backend` (so that trying
         another backend does not cost re-packing this one)."""
-        return self.backend, self.config, self._packed, self._packed_key, self._binding
+        return self.backend, self.config, self._packed, self._packed_key, dict(self._bindings)
 
     def restore_backend(self, state: tuple) -> None:
-        """Back to a `backend_state()`, with its packed weight and binding."""
-        self.backend, self.config, self._packed, self._packed_key, self._binding = state
+        """Back to a `backend_state()`, with its packed weight and bindings."""
+        self.backend, self.config, self._packed, self._packed_key, bindings = state
+        self._bindings = dict(bindings)
 
     @property
     def activation(self) -> str:
@@ -188,7 +198,7 @@ class SparseConv2d(nn.Module):
         """Use `packed` as the backend's format of the current weight, mask, config, dtype and device
         (e.g. restored from an artefact) instead of packing again; the caller vouches that it is.
         Any change to those afterwards repacks as usual."""
-        self._packed, self._packed_key, self._binding = packed, self._packing_key(), None
+        self._packed, self._packed_key, self._bindings = packed, self._packing_key(), {}
 
     @property
     def relu_only(self) -> bool:
@@ -202,12 +212,12 @@ class SparseConv2d(nn.Module):
         return self.backend, tuple(x.shape), x.dtype, x.device, self.pool, self._relu_only(has_residual)
 
     def _bind(self, x: torch.Tensor, has_residual: bool) -> "_Binding":
-        """The binding for inputs like `x` (eager only): reused while the input's shape, dtype and
-        device, the residual's presence, the activation and the packed weight stay the same, else
-        planned, packed and bound again."""
+        """The binding for inputs like `x` (eager only): the one kept for the input's shape, dtype
+        and device, the residual's presence and the activation while the packed weight stays the
+        same, else planned, packed and bound again."""
         key = self._binding_key(x, has_residual)
-        old = self._binding
-        if old is not None and old.key == key:
+        old = self._bindings.get(key)
+        if old is not None:
             spec, reason = old.spec, old.reason
         else:
             backend = get_backend(self.backend)
@@ -218,7 +228,8 @@ class SparseConv2d(nn.Module):
             self.fallback_reason = reason
         runs_backend = reason is None and spec.N > 0
         packed = self._packed_weight(get_backend(self.backend)) if runs_backend else None
-        if old is not None and old.key == key and old.packed is packed:
+        if old is not None and old.packed is packed:
+            self._bindings[key] = self._bindings.pop(key)  # the newest: the oldest is dropped first
             return old
         call, pooled = None, False
         if runs_backend:
@@ -230,19 +241,29 @@ class SparseConv2d(nn.Module):
                 call = backend.bind_for(packed, spec, self.config, x.dtype, self.bias is not None, relu_only=key[-1])
             _mark_static(call.tensors)
         output_shape = spec.output_shape if self.conv_dims == 2 else (spec.N, spec.K, spec.Q)
-        self._binding = _Binding(key, spec, reason, packed, call, output_shape, pooled)
-        return self._binding
+        return self._remember(_Binding(key, spec, reason, packed, call, output_shape, pooled))
+
+    def _remember(self, binding: "_Binding") -> "_Binding":
+        """Keep `binding` as the newest, replacing one of its key, dropping the least recently used beyond
+        MAX_BINDINGS."""
+        self._bindings.pop(binding.key, None)
+        if len(self._bindings) >= MAX_BINDINGS:
+            del self._bindings[next(iter(self._bindings))]
+        self._bindings[binding.key] = binding
+        return binding
 
     def _current_binding(self, x: torch.Tensor, has_residual: bool) -> "_Binding":
-        """Eager (and CUDA-graph capture): checked and refreshed. Under torch.compile: read only;
-        a layer not bound for this input is bound outside the graph (one graph break, once)."""
+        """Eager (and CUDA-graph capture): checked and refreshed. Under torch.compile: read only
+        (dynamo guards on the kept bindings); a layer not bound for this input is bound outside the
+        graph: one graph break, and the next call recompiles without it, the binding now kept."""
         if not torch.compiler.is_compiling():
             return self._bind(x, has_residual)
-        binding = self._binding
-        if binding is None or binding.key != self._binding_key(x, has_residual):
-            # Decorating _bind at import would import torch._dynamo (and triton) with sparsecnn.
-            return torch.compiler.disable(self._bind)(x, has_residual)
-        return binding
+        key = self._binding_key(x, has_residual)
+        for binding in self._bindings.values():  # equality, not hashing: dynamo traces it on any key
+            if binding.key == key:
+                return binding
+        # Decorating _bind at import would import torch._dynamo (and triton) with sparsecnn.
+        return torch.compiler.disable(self._bind)(x, has_residual)
 
     def prepare(self, example_input: torch.Tensor) -> "SparseConv2d":
         """Plan, pack and bind for inputs of `example_input`'s shape, dtype and device; returns self.
