@@ -48,6 +48,7 @@ from sparsecnn.tuning.layout import (
 )
 from sparsecnn.tuning.linears import tune_linears
 from sparsecnn.tuning.model_check import check_against_dense, check_against_given
+from sparsecnn.tuning.phases import TickingTimer
 from sparsecnn.tuning.select import pending_candidates, prefetch_candidates
 from sparsecnn.tuning.tuner import finish_deferred
 
@@ -67,7 +68,8 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def _as_tuple(example_inputs) -> tuple:
+def as_tuple(example_inputs) -> tuple:
+    """A model's positional inputs as a tuple: `example_inputs` itself (tuple or list) or (it,)."""
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
@@ -95,12 +97,14 @@ def _sparse_layer(name: str, module: nn.Module, backend: str, mask: Optional[tor
     return module
 
 
-def _parameter_dtype(model: nn.Module, inputs: tuple) -> torch.dtype:
+def parameter_dtype(model: nn.Module, inputs: tuple) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter or buffer, else of its inputs (fp32: none)."""
     tensors = [*model.parameters(), *model.buffers(), *(x for x in inputs if isinstance(x, torch.Tensor))]
     return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
 
 
-def _cast(inputs: tuple, dtype: torch.dtype) -> tuple:
+def cast_inputs(inputs: tuple, dtype: torch.dtype) -> tuple:
+    """`inputs` with every floating-point tensor converted to `dtype`."""
     return tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
 
 
@@ -150,8 +154,8 @@ def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
                                                 retune=retune, progress=progress, run_mode=run_mode)
         return _graphed(model, cuda_graphs)
     get_backend(backend)
-    inputs = _as_tuple(example_inputs) if example_inputs is not None else ()
-    model.to(resolve_policy(dtype, _parameter_dtype(model, inputs)).dtype)
+    inputs = as_tuple(example_inputs) if example_inputs is not None else ()
+    model.to(resolve_policy(dtype, parameter_dtype(model, inputs)).dtype)
     for name, module in _selected(model, filter_fn):
         layer = _sparse_layer(name, module, backend, (masks or {}).get(name))
         if layer is module:
@@ -181,10 +185,12 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     (`tuning.tune_layer`): every backend x config supporting it (only `backends`, plus the dense
     ones, when given) at the precision policy `dtype` (see `sparsify_`), decisions cached in
     `cache_dir` (default `tuning.default_cache_dir()`) unless `retune`. progress: a tqdm bar
-    (default: when stderr is a terminal). run_mode: how the model will run, which decides what is
-    timed: "graph" (default; CUDA graphs or torch.compile with them: GPU time, launches hidden) or
-    "eager" (plain calls: wall time of back-to-back calls, CPU launch cost included, so layers
-    whose kernels save less GPU time than their launches cost stay dense). timer: how candidates
+    per phase (reference pass, model as given, prefetch, layers, linears, layouts, model check),
+    each ending with its wall seconds (default: when stderr is a terminal). run_mode: how the
+    model will run, which decides what is timed: "graph" (default; CUDA graphs or torch.compile
+    with them: GPU time, launches hidden) or "eager" (plain calls: wall time of back-to-back
+    calls, CPU launch cost included, so layers whose kernels save less GPU time than their
+    launches cost stay dense). timer: how candidates
     are timed (default: `MeasuringTimer`, or `EagerTimer` for run_mode "eager", on the inputs'
     device). Then each `SplitKLinear` (from `prepare_for_inference`) that sees a CUDA fp32 input
     gets the fastest of F.linear and its split-K GEMMs (`linear.tune_linears`, same timer), before the
@@ -195,39 +201,40 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     """
     if run_mode not in RUN_MODES:
         raise ValueError(f"run_mode must be one of {RUN_MODES}, got {run_mode!r}")
-    inputs = _as_tuple(example_inputs)
-    model_dtype = _parameter_dtype(model, inputs)
-    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    inputs = as_tuple(example_inputs)
+    model_dtype = parameter_dtype(model, inputs)
+    device = input_device(inputs)
     policy = resolve_policy(dtype, model_dtype, device.type)
     cache = TuneCache(cache_dir, environment_fingerprint(device))
-    timer = timer or (EagerTimer(device) if run_mode == "eager" else MeasuringTimer(device))
-    show = sys.stderr.isatty() if progress is None else progress
-    clock = PhaseClock()
+    timer = timer or default_timer(device, run_mode)
+    clock = PhaseClock(progress=show_progress(progress))
     reset_job_times()
 
     def run():
-        return model(*_cast(inputs, policy.dtype))
+        return model(*cast_inputs(inputs, policy.dtype))
 
     with clock.phase("total"):
         originals = dict(_selected(model, filter_fn))
-        with torch.no_grad(), tf32_flags(False), clock.phase("reference pass"):
-            reference, input_shapes = _run_recording_input_shapes(model, _cast(inputs, model_dtype), originals)
+        with torch.no_grad(), tf32_flags(False), clock.bar("reference pass", total=1) as bar:
+            reference, input_shapes = _run_recording_input_shapes(model, cast_inputs(inputs, model_dtype),
+                                                                  originals)
+            bar.update(1)
         model.to(policy.dtype)
         with torch.no_grad(), tf32_flags(policy.dense_tf32):
-            with clock.phase("model as given"):
-                given = _GivenModel(model, originals, timer.measure(Candidate("model:given"), run)
-                                    if device.type in GIVEN_CHECK_DEVICES else None)
+            with clock.bar("model as given", unit="timing") as bar:
+                given_ms = (TickingTimer(timer, bar).measure(Candidate("model:given"), run)
+                            if device.type in GIVEN_CHECK_DEVICES else None)
+                given = _GivenModel(model, originals, given_ms)
             layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
             for name, layer in layers.items():
                 if layer is not originals[name]:
                     _replace(model, name, layer)
-            with clock.phase("prefetch"):
-                _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends)
-            tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio,
-                                  tqdm(total=len(layers), desc="autotune", unit="layer", disable=not show), clock,
+            with clock.bar("prefetch", total=len(layers), unit="layer") as bar:
+                _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends, bar)
+            tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio, clock,
                                   run_mode)
-            with clock.phase("layers"):
-                output = tuning.run(model, _cast(inputs, policy.dtype))
+            with clock.bar("layers", total=len(layers), unit="layer") as bar:
+                output = tuning.run(model, cast_inputs(inputs, policy.dtype), bar)
                 tuning.finish_deferred()
         unreached = [name for name in layers if name not in tuning.results]
         for name in unreached:
@@ -236,14 +243,15 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
         _log_notes(tuning.results.values())
         tuned = {name: layers[name] for name in tuning.results}
         with torch.no_grad(), tf32_flags(policy.dense_tf32):
-            with clock.phase("linears"):
-                linears, linear_output = tune_linears(model, _cast(inputs, policy.dtype), timer)
+            with clock.bar("linears", unit="timing") as bar:
+                linears, linear_output = tune_linears(model, cast_inputs(inputs, policy.dtype),
+                                                      TickingTimer(timer, bar))
             if linears:  # the error is then taken on the chosen splits, not the conv pass's F.linear
                 output = linear_output
-            with clock.phase("layouts"):
-                batch_inner, layout_ms = keep_batch_inner_outputs(model, run, tuned, timer)
-            with clock.phase("model check"):
-                check = check_against_dense(run, tuned, tuning.results, device.type, timer)
+            with clock.bar("layouts", unit="timing") as bar:
+                batch_inner, layout_ms = keep_batch_inner_outputs(model, run, tuned, TickingTimer(timer, bar))
+            with clock.bar("model check", unit="timing") as bar:
+                check = check_against_dense(run, tuned, tuning.results, device.type, TickingTimer(timer, bar))
                 if given.ms is not None:
                     check = check_against_given(check, given.ms, lambda: given.restore(model, layers))
     kept_batch_inner = [] if check.kept == "given" else [name for name in batch_inner if is_batch_inner(tuned[name])]
@@ -302,12 +310,14 @@ def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[st
 
 
 def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, torch.Size], masks: Dict[str, torch.Tensor],
-              policy: PrecisionPolicy, device_type: str, backends: Optional[List[str]]) -> None:
+              policy: PrecisionPolicy, device_type: str, backends: Optional[List[str]], bar: tqdm) -> None:
     """Let the candidate backends start preparing each layer's weight at the input shape it will be
     tuned on, in model order, so that work for later layers overlaps the timing of earlier ones.
     The weight is the one `_LayerTuning._tune` will hand them, bit for bit; the layers themselves
-    are left as they are until tuned. Layers the inputs never reach are not prefetched."""
+    are left as they are until tuned. Layers the inputs never reach are not prefetched. `bar`
+    advances by one per layer."""
     for name, layer in layers.items():
+        bar.update(1)
         if name not in input_shapes:
             continue
         weight = (layer.weight.detach() * _checked_mask(layer, name, masks.get(name))).to(policy.dtype)
@@ -333,23 +343,25 @@ class _LayerTuning:
 
     def __init__(self, layers: Dict[str, SparseConv2d], masks: Dict[str, torch.Tensor], policy: PrecisionPolicy,
                  backends: Optional[List[str]], cache: TuneCache, timer: Timer, retune: bool, drop_ratio: float,
-                 bar: tqdm, clock: PhaseClock, run_mode: str):
+                 clock: PhaseClock, run_mode: str):
         self.layers, self.masks, self.policy, self.backends = layers, masks, policy, backends
-        self.cache, self.timer, self.retune, self.drop_ratio, self.bar = cache, timer, retune, drop_ratio, bar
+        self.cache, self.timer, self.retune, self.drop_ratio = cache, timer, retune, drop_ratio
         self.clock, self.run_mode = clock, run_mode
+        self.bar: Optional[tqdm] = None
         self.results = {}
         self._deferred: Dict[str, tuple] = {}  # name -> the arguments tune_layer had
 
-    def run(self, model: nn.Module, inputs: tuple):
-        """`model(*inputs)` with every layer tuned just before its first call; returns the output."""
+    def run(self, model: nn.Module, inputs: tuple, bar: tqdm):
+        """`model(*inputs)` with every layer tuned just before its first call (`bar` advancing by one
+        per layer); returns the output."""
         hooks = [layer.register_forward_pre_hook(self._hook(name), with_kwargs=True)
                  for name, layer in self.layers.items()]
+        self.bar = bar
         try:
             return model(*inputs)
         finally:
             for hook in hooks:
                 hook.remove()
-            self.bar.close()
 
     def _hook(self, name: str):
         def tune_before_first_call(layer: SparseConv2d, args: tuple, kwargs: dict):
@@ -391,6 +403,21 @@ class _LayerTuning:
                 layer.set_backend(final.backend, final.config)
             _keep_timings(layer, final)
         self._deferred.clear()
+
+
+def input_device(inputs: tuple) -> torch.device:
+    """The device of the first tensor of `inputs` (CPU: none)."""
+    return next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+
+
+def default_timer(device: torch.device, run_mode: str) -> Timer:
+    """How tuning times on `device` for `run_mode`: GPU time ("graph") or eager wall time ("eager")."""
+    return EagerTimer(device) if run_mode == "eager" else MeasuringTimer(device)
+
+
+def show_progress(progress: Optional[bool]) -> bool:
+    """Whether to show progress bars: `progress`, or by default when stderr is a terminal."""
+    return sys.stderr.isatty() if progress is None else progress
 
 
 def _keep_timings(layer: SparseConv2d, result) -> None:
