@@ -6,10 +6,10 @@ from sparsecnn.core.spec import ConvSpec
 from sparsecnn.layers import get_suite
 from sparsecnn.nn import SparseConv2d
 from sparsecnn.passes import prepare_for_inference
-from sparsecnn.tuning import autotune_model, sparsify_
+from sparsecnn.tuning import CompileConfig, autotune_model, compile, sparsify_
 
 __version__ = "0.1.0"
-__all__ = ["ConvSpec", "SparseConv2d", "autotune_model", "compile_model", "get_suite", "load",
+__all__ = ["CompileConfig", "ConvSpec", "SparseConv2d", "autotune_model", "compile", "compile_model", "get_suite", "load",
            "prepare_for_inference", "sparsify_", "__version__"]
 _ARTIFACT_NAMES = ("compile_model", "load")
 

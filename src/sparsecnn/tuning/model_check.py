@@ -119,3 +119,17 @@ def _eager_ms(run: Callable[[], object], device_type: str) -> Optional[float]:
     """Wall ms per call of 10 back-to-back eager calls (CUDA only, else None): unlike the GPU-time
     medians, this includes the CPU cost of issuing the work."""
     return eager_wall_ms(run, "cuda") if device_type == "cuda" else None
+
+
+def check_compiled(sparse: Callable[[], object], dense: Callable[[], object], timer: Timer) -> Tuple[str, float, float]:
+    """(kept, sparse_ms, dense_ms): the sparsified model and the model as given, both under
+    torch.compile (already compiled: their first calls are behind them), timed by `timer`. kept is
+    "sparse" only when it is strictly faster, else "dense": never slower than the model as given
+    compiled the same way, the baseline a user of torch.compile has."""
+    sparse_ms = timer.measure(Candidate("model:compiled sparse"), sparse)
+    dense_ms = timer.measure(Candidate("model:compiled given"), dense)
+    if sparse_ms < dense_ms:
+        return "sparse", sparse_ms, dense_ms
+    _LOG.warning("under torch.compile the model as given took %.4g ms, sparsified %.4g ms: the model as given is "
+                 "kept", dense_ms, sparse_ms)
+    return "dense", sparse_ms, dense_ms

@@ -107,6 +107,43 @@ class ModelCheck:
 
 
 @dataclasses.dataclass
+class CompileCheck:
+    """The whole model under `torch.compile` after tuning (`tuning.compiled.compile`): the sparsified model
+    (`sparse_ms`) against the model as given (`dense_ms`), both compiled by `compiler` in `mode`,
+    median ms by the tuning timer; `kept`: "sparse" or "dense", the faster ("dense" on a tie).
+    Before that, per conv run by an op of ours: `layers` (module path -> {"op_ms", "inductor_ms"}:
+    the layer compiled alone as tuned, and as an aten convolution that inductor lowers and fuses
+    itself), and `to_inductor`, the layers switched to the aten form because it was faster.
+    phase_s: wall seconds of each phase of `compile` ("tuning" is `autotune_model`'s total)."""
+
+    mode: str
+    compiler: str
+    sparse_ms: float
+    dense_ms: float
+    kept: str
+    layers: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict)
+    to_inductor: List[str] = dataclasses.field(default_factory=list)
+    phase_s: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float:
+        """How much faster the kept model is than the other one (>= 1)."""
+        return max(self.sparse_ms, self.dense_ms) / min(self.sparse_ms, self.dense_ms)
+
+    def format(self) -> str:
+        where = f"under torch.compile ({self.compiler}, mode {self.mode})"
+        text = (f"{where}: sparsified {self.sparse_ms:.4f} ms, the model as given {self.dense_ms:.4f} ms: kept "
+                + ("the sparsified model" if self.kept == "sparse" else "the model as given, compiled")
+                + f", {self.speedup:.2f}x faster than the other")
+        if self.layers:
+            text += (f"\nconvs left to inductor (faster as aten convolutions in its graph): {len(self.to_inductor)} "
+                     f"of {len(self.layers)} timed" + (f" ({', '.join(self.to_inductor)})" if self.to_inductor else ""))
+        if self.phase_s:
+            text += "\ncompile time: " + format_phases(self.phase_s)
+        return text
+
+
+@dataclasses.dataclass
 class TuneReport:
     """The decisions for a model: one `LayerResult` per tuned conv (in call order), the precision
     policy name, the max relative error of the tuned model's outputs against the original model's
@@ -118,7 +155,8 @@ class TuneReport:
     it (`layout_ms`: "nchw", "batch_inner"), and the run mode the times stand for ("graph": GPU
     time, as CUDA graphs and torch.compile run it; "eager": eager wall time), and the split of each
     `nn.SplitKLinear` that was timed (`linears`: module path -> {"splits", "ms", "dense_ms"}, ms of
-    the choice and of F.linear; `tuning.linears.tune_linears`). The layer results are
+    the choice and of F.linear; `tuning.linears.tune_linears`), and the check under torch.compile
+    (`compiled`: a `CompileCheck`, set by `tuning.compiled.compile`; None after plain tuning). The layer results are
     the per-layer decisions; when the check kept dense, the layers run `model_check.dense_backend`
     instead, but for its `switched` layers (and when it kept the tuned ones, the `switched` layers
     run dense)."""
@@ -136,6 +174,7 @@ class TuneReport:
     run_mode: str = "graph"
     linears: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
     policy_describe: str = ""
+    compiled: Optional[CompileCheck] = None
 
     @property
     def total_ms(self) -> float:
@@ -172,6 +211,8 @@ class TuneReport:
             lines.append(self.model_check.format())
         if self.phase_s:
             lines.append("tuning time: " + format_phases(self.phase_s))
+        if self.compiled is not None:
+            lines.append(self.compiled.format())
         lines += format_worker_jobs(self.worker_jobs)
         if self.unreached:
             lines.append(f"not reached by the example inputs (left as they were): {', '.join(self.unreached)}")
