@@ -35,6 +35,17 @@ def cells(paths):
 INDUCTOR_TEXT = "the dense model as given under torch.compile(mode=\"max-autotune\"), its own CUDA graphs"
 
 
+def ours_text(config):
+    """How ours was made: sparsify_ (rows before issue 46) or sparsecnn.compile (config "compile_mode")."""
+    counts = f"{config['sparse_layers']}/{config['layers']} convs sparse"
+    if "compile_mode" not in config:
+        return f"prepare_for_inference + sparsify_ defaults (policy {config['policy']}, kept {config['kept']}, {counts})"
+    kept = "sparsified" if config["compiled_kept"] == "sparse" else "dense as given"
+    return (f"sparsecnn.compile mode {config['compile_mode']}, called compiled (its own CUDA graphs; policy "
+            f"{config['policy']}, tuned model kept {config['kept']}, compiled model kept: {kept}, "
+            f"{config['to_inductor']} convs left to inductor, {counts})")
+
+
 def entry(model, dtype, batch, mode, rows, path, readme, baseline="cudnn"):
     ours, dense = rows[("auto", mode)], rows[(baseline, mode)]
     config = ours["config"]
@@ -44,8 +55,7 @@ def entry(model, dtype, batch, mode, rows, path, readme, baseline="cudnn"):
                 + (" vs max-autotune" if baseline == "inductor" else ""),
         "what": f"torchvision {model}, random weights, groups=1 convs pruned to 0.9, BatchNorm calibrated on "
                 f"random inputs, whole model, {DTYPE_TEXT[dtype]}, N={batch}, {CALL_TEXT[mode]}; ours: "
-                f"prepare_for_inference + sparsify_ defaults (policy {config['policy']}, kept {config['kept']}, "
-                f"{config['sparse_layers']}/{config['layers']} convs sparse)",
+                f"{ours_text(config)}",
         "ours_ms": round(ours["median_ms"], 4),
         "baseline": (f"the dense model as given, {DTYPE_TEXT[dtype]}, {CALL_TEXT[mode]}" if baseline == "cudnn"
                      else f"{INDUCTOR_TEXT}, {DTYPE_TEXT[dtype]}, plain calls (compiled in "

@@ -1,0 +1,61 @@
+"""benchmarks/torchvision_cells.py, the logic of torchvision_table.py: which cells it runs by default,
+and one cell end to end on the CPU (a small model instead of torchvision's, aot_eager instead of
+inductor): the model as given, it compiled, and ours through sparsecnn.compile, each row checked."""
+import functools
+import itertools
+
+import pytest
+import torch
+from helpers.scripts import script_module
+from torch import nn
+
+cells = script_module("torchvision_cells")
+ENV = {"device": "cpu", "commit": "abc1234", "torch": "2.13", "cudnn": None, "triton": "3.6.0", "driver": None,
+       "date": "2026-12-01T10:00:00Z"}
+
+
+def test_the_default_cells_are_the_issue_46_table():
+    wanted = {cells.Cell(model, dtype, batch) for model, dtype, batch in itertools.product(
+        ["resnet50", "googlenet", "mobilenet_v2", "efficientnet_b0", "vgg16", "regnet_y_400mf"], ["fp16", "fp32"],
+        [32, 1])}
+    default = cells.parse_cells([])
+    assert len(default) == len(wanted) == 24 and set(default) == wanted
+    assert cells.parse_cells(["vgg16:fp16:1"]) == [cells.Cell("vgg16", "fp16", 1)]
+
+
+@pytest.mark.parametrize("spec", ["resnet50:fp16", "resnet50:bf16:32", "resnet50:fp32:0",
+                                  "resnet50:fp32:32:max-autotune"])
+def test_a_malformed_cell_is_refused_by_name(spec):
+    with pytest.raises(ValueError, match=f"cell '{spec}': expected MODEL:DTYPE:BATCH"):
+        cells.parse_cells([spec])
+
+
+def _small(name):
+    if name != "small":
+        raise KeyError(f"no model {name!r}")
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.SiLU(), nn.Conv2d(8, 16, 1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+def test_one_cell_times_the_given_model_it_compiled_and_ours_compiled(tmp_path, capsys):
+    setup = cells.Setup(torch.device("cpu"), compiler="aot_eager", load=_small, hw=16)
+    written = []
+    row = functools.partial(cells.result_row, ENV, "run-1")
+    said = cells.run_cells([cells.Cell("small", "fp32", 2), cells.Cell("missing", "fp32", 2)], setup, row,
+                           written.extend, budget_s=600)
+    rows = {(r["backend"], r["mode"]): r for r in written}
+    assert set(rows) == {("cudnn", "eager"), ("inductor", "eager"), ("inductor", "cudagraph"), ("auto", "eager"),
+                         ("auto", "cudagraph")}  # no caller-captured CUDA graph on the CPU
+    assert all(r["model"] == "small" and r["N"] == 2 and r["dtype"] == "tf32" and r["run"] == "run-1"
+               for r in written)
+    assert all(r["rel_err"] < 1e-5 for r in written)
+    assert rows[("inductor", "eager")]["config"]["compile_mode"] == "max-autotune"
+    ours = rows[("auto", "eager")]["config"]
+    assert ours["compile_mode"] == "max-autotune" and ours["compiled_kept"] in ("sparse", "dense")
+    assert ours["compiled_speedup"] >= 1 and ours["layers"] == 3 and ours["policy"] == "fp32"
+    assert {"tuning", "inductor layers", "compile sparsified", "compile as given", "total"} <= set(ours["phases_s"])
+    assert any(line.startswith("small:fp32:2 vs inductor: eager ") for line in said)
+    assert any(line.startswith("missing:fp32:2: FAILED KeyError") for line in said)
+    late = cells.run_cells([cells.Cell("small", "fp16", 1)], setup, row, written.extend, budget_s=1.0, start=0.0)
+    assert late == ["budget spent: small:fp16:1 not started"] and len(written) == len(rows)
