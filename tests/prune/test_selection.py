@@ -91,8 +91,11 @@ def test_reprune_select_method_end_to_end(small_digits):
     torch.manual_seed(0)
     model = build_model("lenet5")
     selection = SelectionConfig(gain_threshold=1e9, b3_values=(0.2,), accuracy_budget=100.0)  # every conv, any top-1
+    def gains_on_two_images(model, inputs, convs):  # real `blocks` timings; 2 images keep the interpreter short
+        return block_gains(model, (inputs[0][:2],), convs)
+
     masks = prune_with("reprune-select", model, small_digits, 0.9, epochs=1, retrain_epochs=1,
-                       batch_size=16, selection=selection, measure_gains=block_gains)
+                       batch_size=16, selection=selection, measure_gains=gains_on_two_images)
     report = model.sparsecnn_selection
     assert set(report.gains) == {"conv1", "conv2"} and report.layers == ["conv1", "conv2"] and report.b3 == 0.2
     assert set(masks) == {"conv1", "conv2", "fc1"}
