@@ -24,14 +24,15 @@ demo: $(STAMP)
 	$(PY) -m sparsecnn.cli demo
 
 # The CPU suite in parallel, one pytest-xdist worker per core, in a random order each run
-# (pytest-randomly prints its seed; `-p randomly --randomly-seed=N` repeats an order).
+# (pytest-randomly prints its seed; `-p randomly --randomly-seed=N` repeats an order); worksteal:
+# an idle worker takes queued tests from a busy one, so a long test does not end the run alone.
 # test-quick: the same without the tests marked `slow` (every module still runs).
 WORKERS ?= auto
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(WORKERS)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(WORKERS) --dist worksteal
 
 test-quick: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(WORKERS) -m "not slow"
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(WORKERS) --dist worksteal -m "not slow"
 
 # On a GPU machine (torch with CUDA installed): the whole `gpu` suite in chunks, logs under $(OUT).
 gpu-test:
