@@ -30,7 +30,7 @@ def test_a_missing_toolchain_is_why_the_generated_backends_cannot_run():
     assert status["direct"] is None and status["dense"] is None
 
 
-@pytest.mark.quick_sample(2)
+@pytest.mark.quick_sample(4)
 @needs_tools
 @pytest.mark.parametrize("arch", ["80", "86", "89", "90"])
 def test_every_generated_family_compiles_for_the_arch_with_ptxas_offline(arch):

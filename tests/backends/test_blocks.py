@@ -335,6 +335,7 @@ SHAPES = [(kernel, stride, padding) for kernel in (1, 3, 5) for stride in (1, 2)
 SHAPES += [(1, 3, 0), (3, 3, 1), (5, 3, 2)]  # stride 3
 
 
+@pytest.mark.quick_sample(3)
 @needs_interpreter
 @pytest.mark.parametrize("kernel,stride,padding", SHAPES)
 def test_shapes(kernel, stride, padding):

@@ -267,6 +267,7 @@ def test_half2_rewrite_deletes_pixels_hfma2s_per_zero_weight_and_assembles(half2
 # --- compile_conv in float16 -------------------------------------------------------------------
 
 
+@pytest.mark.quick_sample(2)
 @needs_tools
 @pytest.mark.parametrize("accumulate", ["float", "half2"])
 @pytest.mark.parametrize("mode", MODES)
@@ -318,7 +319,7 @@ def test_fp16_resnet_conv1_default_tilings_do_not_spill(cache, accumulate):
 # --- the generated float16 CUDA C, run on the CPU ----------------------------------------------
 
 
-@pytest.mark.quick_sample(3)
+@pytest.mark.quick_sample(6)
 @needs_gxx
 @pytest.mark.parametrize("accumulate", ["float", "half2"])
 @pytest.mark.parametrize("r, stride, pad, relu, has_bias", [

@@ -316,7 +316,7 @@ def test_auto_tries_the_configs_that_ever_won(spec):
 # --- kernel on CPU (interpreter) -----------------------------------------------------
 
 
-@pytest.mark.quick_sample(3)
+@pytest.mark.quick_sample(6)
 @needs_interpreter
 @pytest.mark.parametrize("config", all_configs() if INTERPRET else [], ids=config_id)
 def test_every_config(config):
@@ -348,7 +348,7 @@ def test_shapes(kernel, stride, padding, variant):
     check_fp32(inputs(batch, 3, 9, 9, seed=case), weight, bias, stride, padding, config, zero_channels=(5,))
 
 
-@pytest.mark.quick_sample(2)
+@pytest.mark.quick_sample(4)
 @needs_interpreter
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("relu", [False, True])
@@ -371,6 +371,7 @@ def test_fused_relu_and_no_bias(variant):
     check_fp32(x, weight, None, 1, 2, config, relu=True, zero_channels=(3,))
 
 
+@pytest.mark.quick_sample(2)
 @needs_interpreter
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_conv1d_as_h1(variant):
@@ -397,7 +398,7 @@ def test_non_contiguous_inputs(layout, padding):
         check_fp32(x, weight, torch.randn(K), 1, padding, config)
 
 
-@pytest.mark.quick_sample(3)
+@pytest.mark.quick_sample(6)
 @needs_interpreter
 @pytest.mark.parametrize("out_layout", ["nchw", "batch_inner"])
 @pytest.mark.parametrize("in_layout", ["nchw", "batch_inner", "channels_last"])
@@ -421,6 +422,7 @@ def test_batch_variant_layouts_and_residual(in_layout, out_layout):
     assert relative_error(y, want) < 1e-5
 
 
+@pytest.mark.quick_sample(3)
 @needs_interpreter
 @pytest.mark.parametrize("layout", ["nchw", "channels_last", "sliced", "batch_inner"])
 @pytest.mark.parametrize("pad", [(0, 0), (1, 2), (3, 0)])

@@ -333,7 +333,7 @@ class TwoConvs(nn.Module):
         return self.conv2(y, residual=y)
 
 
-@pytest.mark.quick_sample(2)
+@pytest.mark.quick_sample(6)
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_compile_fullgraph_equals_eager(backend):
     torch._dynamo.reset()

@@ -204,6 +204,7 @@ def test_fused_pool_is_refused_where_the_kernel_cannot_pool():
         staged.check_pool(3, staged.StagedConfig(), spec, False)
 
 
+@pytest.mark.quick_sample(2)
 @needs_gxx
 @pytest.mark.parametrize("density", ["all-zero", "dense"])
 def test_all_zero_and_fully_dense_weights_on_the_cpu(density, tmp_path):

@@ -16,6 +16,7 @@ LARGE = ConvSpec(32, 256, 256, 14, 14, 3, 3, 1, 1, name="r50-layer3-3x3")
 TRITON_BACKENDS = ("direct", "blocks", "tensorcore")
 
 
+@pytest.mark.quick_sample(3)
 @pytest.mark.parametrize("name", TRITON_BACKENDS)
 def test_import_does_not_import_triton_or_cuda(name):
     code = ("import sys, torch, sparsecnn, sparsecnn.backends, sparsecnn.backends.direct.format; "

@@ -18,6 +18,7 @@ def pruned_lenet5(device="cpu"):
     return model.to(device)
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_only_the_named_convs_are_timed_and_the_model_is_left_alone():
     model = pruned_lenet5()

@@ -153,7 +153,7 @@ def test_candidates_look_through_max_pools_and_end_at_average_pools():
     assert batch_inner_candidates(gm, tuned) == ["b"]
 
 
-@pytest.mark.quick_sample(2)
+@pytest.mark.slow
 @needs_interpreter
 @pytest.mark.parametrize("model_class, layers", [(PooledChain, "ab"), (Branches, "abc")],
                          ids=["through-a-max-pool", "through-a-concatenation"])
