@@ -14,7 +14,7 @@ HAVE_CUDA_TOOLS := $(PY) -c "import sys; from sparsecnn.core.toolchain import fi
 $(STAMP): pyproject.toml requirements-ci.txt requirements-cuda-tools.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -r requirements-ci.txt
+	$(PY) -m pip install -q -r requirements-ci.txt
 	$(PY) -m pip install -q --no-deps -e .
 	$(HAVE_CUDA_TOOLS) || $(PY) -m pip install -q -r requirements-cuda-tools.txt
 	$(HAVE_CUDA_TOOLS) || echo "warning: no nvcc/ptxas found, even after requirements-cuda-tools.txt" >&2
