@@ -712,7 +712,7 @@ def test_the_model_as_given_is_not_timed_on_the_cpu_by_default(tmp_path):
 def test_dtype_none_follows_pytorchs_tf32_flag_on_cuda(monkeypatch, allow_tf32, device_type, expected):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", allow_tf32)
     policy = resolve_policy(None, torch.float32, device_type)
-    assert policy.name == expected and policy.dense_tf32 == (expected == "fp32-default") and not policy.allow_tf32
+    assert policy.name == expected and policy.dense_tf32 == policy.allow_tf32 == (expected == "fp32-default")
     assert resolve_policy("fp32", torch.float32, "cuda").dense_tf32 is False
 
 
@@ -728,7 +728,7 @@ def test_the_policy_sets_the_tf32_flags_while_tuning(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     report = autotune_model(_model(), torch.randn(2, 3, 12, 12), cache_dir=tmp_path, timer=FlagTimer(), progress=False)
     assert seen and all(seen) and torch.backends.cudnn.allow_tf32 is False
-    assert report.policy == "fp32-default" and "dense convs in TF32" in report.format()
+    assert report.policy == "fp32-default" and "convs in TF32, dense and sparse" in report.format()
 
 
 @pytest.mark.parametrize("input_dtype", [torch.float32, torch.bfloat16])

@@ -5,7 +5,9 @@ Tuning and the final accuracy check run with the global TF32 flags as the policy
 other candidate compute exactly what their dtype says, on for "fp32-default" (PyTorch's defaults,
 the policy of `dtype=None` for an fp32 model while `torch.backends.cudnn.allow_tf32` is on); a
 TF32 candidate (backend `dense-tf32`, or a config whose `precision` field is "tf32") turns TF32 on
-for its own kernel only, and is offered only under the "tf32" policy. The "fp32" policy admits
+for its own kernel only, and is offered under "tf32" and under "fp32-default" (where cuDNN rounds
+convolution products to TF32 already, so a sparse kernel that does the same costs no accuracy the
+user has not accepted). The "fp32" policy admits
 fp32-level products only: FMA units, or 3xTF32 on tensor cores (a `precision` of "tf32x3": three
 TF32 products per fp32 product, error within ~2x of cuDNN fp32's). Layers left on `dense` run
 exact fp32 at inference only while torch.backends.cudnn.allow_tf32 is False (PyTorch's default
@@ -29,7 +31,7 @@ class PrecisionPolicy:
     and activations are stored in; allow_tf32: whether fp32 candidates that round products to TF32
     are offered; dense_tf32: whether tuning, the checks and inference run with PyTorch's TF32 flags
     on, so that dense cuDNN/cuBLAS layers round products to TF32 (as PyTorch runs fp32 convolutions
-    by default) while the sparse kernels stay exact; describe: one line for reports."""
+    by default); describe: one line for reports."""
 
     name: str
     dtype: torch.dtype
@@ -44,8 +46,8 @@ POLICIES = {
     "fp16": PrecisionPolicy("fp16", torch.float16, False, describe="fp16"),
     "bf16": PrecisionPolicy("bf16", torch.bfloat16, False, describe="bf16"),
     "fp64": PrecisionPolicy("fp64", torch.float64, False, describe="fp64"),
-    "fp32-default": PrecisionPolicy("fp32-default", torch.float32, False, dense_tf32=True,
-                                    describe="fp32 at PyTorch's defaults: dense convs in TF32, sparse kernels exact"),
+    "fp32-default": PrecisionPolicy("fp32-default", torch.float32, True, dense_tf32=True,
+                                    describe="fp32 at PyTorch's defaults: convs in TF32, dense and sparse"),
 }
 _BY_DTYPE = {policy.dtype: policy for policy in POLICIES.values() if policy.name not in ("tf32", "fp32-default")}
 
@@ -53,7 +55,7 @@ _BY_DTYPE = {policy.dtype: policy for policy in POLICIES.values() if policy.name
 def resolve_policy(dtype: Optional[str], model_dtype: torch.dtype, device_type: str = "cpu") -> PrecisionPolicy:
     """The policy named by `dtype`; for None, the one PyTorch's flags give the model's parameter
     dtype on `device_type`: an fp32 model on CUDA with `torch.backends.cudnn.allow_tf32` on
-    (PyTorch's default) gets "fp32-default" (dense convs in TF32, sparse kernels exact), else the
+    (PyTorch's default) gets "fp32-default" (convs in TF32, dense and sparse), else the
     exact policy of its dtype (TF32 does not exist on the CPU)."""
     if dtype is None:
         if model_dtype == torch.float32 and device_type == "cuda" and torch.backends.cudnn.allow_tf32:
