@@ -32,6 +32,7 @@ def test_bad_suite_is_a_clear_error(capsys):
     assert "unknown suite" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_layers_model_and_report(tmp_path, capsys):
     results = tmp_path / "r.jsonl"
     assert main(["bench", "layers", "--suite", "dong", "--batch", "1", "--layers", "lenet-conv1,alexnet-conv3",

@@ -84,6 +84,7 @@ def _run_suite(tmp_path, *options, other):
     return done, caches
 
 
+@pytest.mark.slow
 def test_ci_passes_with_gpu_and_optional_skips_only(tmp_path):
     done, caches = _run_suite(tmp_path, other=False)
     output = done.stdout + done.stderr
@@ -92,6 +93,7 @@ def test_ci_passes_with_gpu_and_optional_skips_only(tmp_path):
     assert len(set(caches["main"])) == 4  # a fresh tuning cache directory for each test
 
 
+@pytest.mark.slow
 def test_under_xdist_ci_fails_on_other_skips_and_workers_tune_apart(tmp_path):
     """Run-time and collection skips reach the controller from the workers (the collection one from
     both, counted once); each worker's tests tune under a cache directory of that worker's own."""

@@ -46,6 +46,7 @@ def test_an_unknown_arch_fails_the_check_with_a_nonzero_status(capsys):
 
 
 @needs_tools
+@pytest.mark.slow
 def test_the_compile_check_prints_one_line_per_family_and_arch(capsys):
     assert main(["doctor", "--compile-check", "--arch", "80,90"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if " OK " in line]

@@ -143,6 +143,7 @@ def test_resnet18_cifar_round_trip_is_bit_identical_and_matches_fp64(tmp_path, w
     assert len(fused["folded_batchnorms"]) == 20 and fused["fused_adds"]
 
 
+@pytest.mark.slow
 def test_a_bf16_artefact_is_as_close_to_fp64_as_the_dense_model(tmp_path):
     """bf16 (the CPU's reduced precision; `dense` is its only bf16 backend there): the loaded
     artefact, BatchNorm folded and residual adds fused, against an fp64 run of the dense masked

@@ -264,6 +264,7 @@ def test_dlmc_resnet50_layer_is_covered_exactly_once():
     assert report.num_blocks > 0 and 0 < report.share_in_blocks < 1 and report.fill > 0.1
 
 
+@pytest.mark.slow
 def test_largest_resnet50_layer_time_is_reported():
     weight = dlmc_weight("layer4.2.conv2")  # 512 x 4608, the largest kernel matrix of ResNet-50
     start = time.perf_counter()

@@ -127,6 +127,7 @@ def _conv2d_model():
 
 
 @pytest.mark.parametrize("conv_dims", [1, 2])
+@pytest.mark.slow
 def test_autotune_model_prepares_blocks_from_prefetched_weights(worker_pool, no_extractions, monkeypatch, tmp_path,
                                                                  conv_dims):
     model = (_conv1d_model() if conv_dims == 1 else _conv2d_model()).eval()

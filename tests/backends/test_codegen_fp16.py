@@ -353,6 +353,7 @@ def test_emitted_half2_tilings(tmp_path, tiling):
 
 
 @needs_gxx
+@pytest.mark.slow
 def test_half2_partials_keep_a_long_sum_within_twice_the_rounding_error(tmp_path):
     """288 terms per output: fp32 accumulation rounds once; half2 partials of ~2 terms stay within
     2x of that; one half2 sum per output (half_terms=0) is several times worse."""

@@ -490,6 +490,7 @@ def test_masked_batch_path(case, monkeypatch):
 
 
 @needs_interpreter
+@pytest.mark.slow
 def test_only_inputs_not_batch_innermost_are_packed(monkeypatch):
     """`direct_conv2d` and the backend's bound call (its checked first call, then its plan) never
     launch the pack for a batch-innermost padded input; an NCHW input still needs it."""
@@ -517,6 +518,7 @@ def test_only_inputs_not_batch_innermost_are_packed(monkeypatch):
 
 @needs_interpreter
 @pytest.mark.parametrize("reason", ["int32", "kernel-9x3"])
+@pytest.mark.slow
 def test_masked_codes_that_do_not_fit_fall_back_to_the_pack(reason, monkeypatch):
     kernel, padding = ((3, 3), (1, 1)) if reason == "int32" else ((9, 3), (4, 1))
     if reason == "int32":  # codes up to (2*11*7 + 7 + 1) * 64 + 63 = 10431; offsets up to 3*13*9
@@ -549,6 +551,7 @@ def test_batch_variant_errors():
 
 
 @needs_interpreter
+@pytest.mark.slow
 def test_rectangular_stride_padding_and_kernel():
     weight = sparse_weight(33, 3, 3, 5, 0.5, zero_channels=(7,))
     strided_bias = torch.randn(66)[::2]

@@ -109,7 +109,7 @@ def test_opcheck_direct_batch(out_layout):
     """The fake output has the strides of the real one in both layouts of variant "batch"."""
     from sparsecnn.backends.direct.kernel import DirectConfig
 
-    config = DirectConfig(8, 1, 2, 1, 1, "batch", 4, out_layout)
+    config = DirectConfig(64, 1, 2, 1, 1, "batch", 16, out_layout)
     x = inputs(TINY.input_shape)
     op, args = op_args("direct", config, x, torch.randn(TINY.K), inputs(TINY.output_shape, 2), True, TINY)
     assert op(*args).stride()[0] == (1 if out_layout == "batch_inner" else TINY.K * TINY.H * TINY.W)
@@ -350,6 +350,7 @@ def test_compile_fullgraph_equals_eager(backend):
 
 
 @needs_interpreter
+@pytest.mark.slow
 def test_compile_explain_finds_one_graph_and_binds_unprepared_layers_outside_it():
     torch._dynamo.reset()
     x = inputs(SPEC.input_shape)

@@ -183,12 +183,13 @@ def test_kernel_source_computes_the_convolution_on_the_cpu(shape, tmp_path):
 
 
 @needs_gxx
-@pytest.mark.parametrize("shape", [(3, 33, 13, 13, 3, 1, 1), (6, 8, 13, 11, 3, 2, 0), (5, 9, 8, 8, 1, 1, 0)])
-@pytest.mark.parametrize("tile", [(2, 4), (4, 4), (2, 8)])
+@pytest.mark.parametrize("shape, tile", [((3, 33, 13, 13, 3, 1, 1), (2, 4)), ((6, 8, 13, 11, 3, 2, 0), (4, 4)),
+                                         ((5, 9, 8, 8, 1, 1, 0), (2, 8))])
 @pytest.mark.slow
 def test_fused_pool_matches_max_pool_of_the_convolution_on_the_cpu(shape, tile, tmp_path):
     """The 2x2 stride-2 pool in the epilogue: odd output sizes (floor mode), strides, 1x1, tiles
-    with one and two pixel columns per lane group, both layouts, with and without bias and ReLU."""
+    with one and two pixel columns per lane group (each shape once and each tile once), both
+    layouts, with and without bias and ReLU."""
     config = staged.StagedConfig(tile_h=tile[0], tile_w=tile[1], chunk_c=2, rows_per_warp=3, warps=2)
     for relu, with_bias, batch_inner in ((True, True, True), (False, False, False)):
         _cpu_case(shape, config, relu, with_bias, False, batch_inner, tmp_path, pool=2)
@@ -207,6 +208,7 @@ def test_fused_pool_is_refused_where_the_kernel_cannot_pool():
 @pytest.mark.quick_sample(2)
 @needs_gxx
 @pytest.mark.parametrize("density", ["all-zero", "dense"])
+@pytest.mark.slow
 def test_all_zero_and_fully_dense_weights_on_the_cpu(density, tmp_path):
     """No non-zero at all (the output is the epilogue of the bias alone), and no zero at all."""
     shape = (5, 9, 13, 13, 3, 1, 1)
@@ -218,6 +220,7 @@ def test_all_zero_and_fully_dense_weights_on_the_cpu(density, tmp_path):
 
 
 @needs_gxx
+@pytest.mark.slow
 def test_every_candidate_config_computes_the_convolution_on_the_cpu(tmp_path):
     shape = (6, 20, 9, 9, 3, 1, 1)
     for config in staged.candidate_configs(_spec(*shape)):

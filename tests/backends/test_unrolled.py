@@ -223,16 +223,28 @@ def test_the_non_zero_limit_can_be_raised_by_the_environment(monkeypatch):
             unrolled.max_kernel_fmas()
 
 
+# The spill checks compile one candidate per test case (each takes seconds in ptxas), so that xdist
+# spreads them over the workers instead of one worker running them all at the end of a run.
+SPILL_SPEC = _spec(32, 32, 96, 16, 16, 3, 1, 1)   # Q = 16: every tq divides it
+
+
+def _config_id(config):
+    return f"bk{config.bk}-t{config.threads}-s{config.slices}-tq{config.tq}"
+
+
+def test_every_candidate_is_offered_on_the_spill_check_layer():
+    assert len(unrolled.candidate_configs(SPILL_SPEC, 0)) == len(unrolled.CANDIDATES)
+    assert len(unrolled.candidate_configs(SPILL_SPEC, 0, torch.float16)) == len(unrolled.HALF_CANDIDATES)
+
+
 @needs_tools
 @pytest.mark.slow
-def test_every_candidate_compiles_without_spills():
-    spec = _spec(32, 64, 96, 16, 16, 3, 1, 1)   # Q = 16: every tq divides it
-    weight = _weight(spec, 0.9).numpy()
-    assert len(unrolled.candidate_configs(spec, 0)) == len(unrolled.CANDIDATES)
-    for config in unrolled.CANDIDATES:
-        _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(weight, spec, config.bk, config.threads,
-                                                                      slices=config.slices, tq=config.tq))
-        assert info.spill_stores == 0 and info.spill_loads == 0, (config, info)
+@pytest.mark.parametrize("config", unrolled.CANDIDATES, ids=_config_id)
+def test_every_candidate_compiles_without_spills(config):
+    weight = _weight(SPILL_SPEC, 0.9).numpy()
+    _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(weight, SPILL_SPEC, config.bk, config.threads,
+                                                                  slices=config.slices, tq=config.tq))
+    assert info.spill_stores == 0 and info.spill_loads == 0, (config, info)
 
 
 def test_backend_declares_what_it_runs(generated_backends_ready):
@@ -386,18 +398,15 @@ def test_the_dtype_is_part_of_the_compile_keys():
 
 
 @needs_tools
-@pytest.mark.parametrize("n", [32, 3])
 @pytest.mark.slow
-def test_every_float16_candidate_compiles_without_spills(n):
-    spec = _spec(n, 64, 96, 16, 16, 3, 1, 1)   # Q = 16: every tq divides it
+@pytest.mark.parametrize("config", unrolled.HALF_CANDIDATES, ids=_config_id)
+@pytest.mark.parametrize("n, arch", [(32, "80"), (32, "90"), (3, "90")])  # odd N: the same registers, one arch
+def test_every_float16_candidate_compiles_without_spills(config, n, arch):
+    spec = SPILL_SPEC.with_batch(n)
     weight = _weight(spec, 0.9).numpy()
-    assert len(unrolled.candidate_configs(spec, 0, torch.float16)) == len(unrolled.HALF_CANDIDATES)
-    for config in unrolled.HALF_CANDIDATES:
-        for arch in ("80", "90") if n == 32 else ("90",):  # odd N: the same registers, checked on one arch
-            _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(
-                weight, spec, config.bk, config.threads, arch=arch, slices=config.slices, tq=config.tq, half=True),
-                arch)
-            assert info.spill_stores == 0 and info.spill_loads == 0, (config, arch, info)
+    _, info, _ = toolchain.ptxas_cubin(unrolled_source.kernel_ptx(
+        weight, spec, config.bk, config.threads, arch=arch, slices=config.slices, tq=config.tq, half=True), arch)
+    assert info.spill_stores == 0 and info.spill_loads == 0, (config, arch, info)
 
 
 # --- GPU -------------------------------------------------------------------------------------------

@@ -267,6 +267,7 @@ def test_commit_from_the_environment_wins_over_the_checkout(monkeypatch):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1")
+@pytest.mark.slow
 def test_bench_layers_times_the_auto_configs():
     from sparsecnn.backends import get_backend
 

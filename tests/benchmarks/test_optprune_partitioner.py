@@ -89,6 +89,7 @@ def test_rounded_decomposition_is_the_rounded_weight(dtype):
     assert rounded.report == decomposition.report and rounded.params == decomposition.params
 
 
+@pytest.mark.slow
 def test_worker_processes_extract_the_same_blocks():
     partition = script_module("optprune_partitioner")
     study = partition.Study(0.5, "random", 0, ("jaccard",), (4, 8))
@@ -159,6 +160,7 @@ def test_smoke_run_on_cpu(tmp_path):
 
 
 @needs("triton")
+@pytest.mark.slow
 def test_budget_stops_timing_but_not_extraction(tmp_path):
     out = tmp_path / "partitioner.jsonl"
     done = run_script("optprune_partitioner", tmp_path, out, "--smoke", "--gpu", "--device", "cpu", "--partitioners",

@@ -88,6 +88,7 @@ def test_the_newest_run_of_a_cell_wins_and_readme_flags_are_kept(tmp_path):
     assert entry["ratio"] == pytest.approx(1.0, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_the_script_prints_the_table(tmp_path):
     results = _write(tmp_path / "rows.jsonl", _run())
     headline = _headline(tmp_path)

@@ -38,6 +38,7 @@ def _small(name):
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
 
 
+@pytest.mark.slow
 def test_one_cell_times_the_given_model_it_compiled_and_ours_compiled(tmp_path, capsys):
     setup = cells.Setup(torch.device("cpu"), compiler="aot_eager", load=_small, hw=16)
     written = []

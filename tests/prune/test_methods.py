@@ -164,6 +164,7 @@ class _Custom:
     pass
 
 
+@pytest.mark.slow
 def test_cli_prune_writes_a_checkpoint_that_loads_and_continues(tmp_path, capsys):
     first, second = tmp_path / "gradual.pt", tmp_path / "magnitude.pt"
     assert main(["prune", "lenet5", "--method", "gradual", "--sparsity", "0.8", "--data", "digits", "-o", str(first),

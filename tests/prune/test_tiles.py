@@ -286,6 +286,7 @@ def test_registered_method_runs_on_lenet5_digits_with_exact_sparsity():
     assert top1_accuracy(model, split) > 50
 
 
+@pytest.mark.slow
 def test_cli_reprune_tiles_takes_the_tile_size(tmp_path):
     output = tmp_path / "tiles.pt"
     assert main(["prune", "lenet5", "--method", "reprune-tiles", "--tile", "16", "--sparsity", "0.9", "--epochs", "1",

@@ -134,6 +134,7 @@ def test_compile_keeps_the_faster_of_the_sparsified_and_the_given_model_compiled
     assert relative_error(compiled(x), want) < 1e-5
 
 
+@pytest.mark.slow
 def test_compiled_sparse_model_binds_new_shapes_before_the_compiled_call(tmp_path):
     model, x = _net(), torch.randn(2, 3, 16, 16)
     compiled = _compile(model, x, tmp_path, {"model:compiled sparse": 1.0, "model:compiled given": 2.0})

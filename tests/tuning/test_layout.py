@@ -90,7 +90,7 @@ def _batch_model(batch_layers, model=None):
     gm = prepare_for_inference(model, example_inputs=(torch.randn(4, 3, 9, 9),))
     layers = dict(gm.named_modules())
     for name in batch_layers:
-        layers[name].set_backend("direct", DirectConfig(16, 1, 4, 1, 1, "batch", 4))
+        layers[name].set_backend("direct", DirectConfig(128, 1, 4, 1, 1, "batch", 16))
     return model, gm, {name: layers[name] for name in convs}
 
 
@@ -215,7 +215,7 @@ def test_candidates_look_through_a_merged_layers_channel_slices():
     layers = dict(gm.named_modules())
     names = ["merged__a__b", "c", "d"]
     for name in names:
-        layers[name].set_backend("direct", DirectConfig(16, 1, 4, 1, 1, "batch", 4))
+        layers[name].set_backend("direct", DirectConfig(128, 1, 4, 1, 1, "batch", 16))
     tuned = {name: layers[name] for name in names}
     assert batch_inner_candidates(gm, tuned) == names
     with torch.no_grad():

@@ -621,6 +621,7 @@ def test_already_sparse_layers_keep_weight_bias_mask_and_activation(tmp_path):
     assert model[0] is first and first.backend == "dense" and first.activation == "relu"
 
 
+@pytest.mark.slow
 def test_prepared_resnet_keeps_its_fused_relus_and_residuals(tmp_path):
     from sparsecnn.models import build_model
     from sparsecnn.passes.fuse import prepare_for_inference
