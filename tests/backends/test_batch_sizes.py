@@ -142,6 +142,7 @@ def _check_empty_batch(backend, dtype, device, monkeypatch):
     assert layer._binding.call is None and layer._binding.packed is None
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("epilogue", EPILOGUES)
 @pytest.mark.parametrize("backend, dtype", CPU_CASES)
 def test_batch_of_one_matches_fp64(backend, dtype, epilogue):

@@ -164,7 +164,7 @@ def structure_case(case):
     return blocks, mask, weight
 
 
-@pytest.mark.quick_sample(3)
+@pytest.mark.quick_sample(6)
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("case", [16, 32, 64, "zero group", "dense"], ids=str)

@@ -408,7 +408,7 @@ def test_resnet_conv1_default_tiling_does_not_spill(cache):
 # --- the generated CUDA C, run on the CPU ---------------------------------------------------
 
 
-@pytest.mark.quick_sample(4)
+@pytest.mark.quick_sample(8)
 @needs_gxx
 @pytest.mark.parametrize("r, stride, pad, config, relu, has_bias", [
     (3, 1, 1, None, False, True),

@@ -333,7 +333,7 @@ SHAPES = [(kernel, stride, padding) for kernel, stride, padding in itertools.pro
 SHAPES += [(1, 3, 0), (3, 3, 1), (5, 3, 2)]  # stride 3
 
 
-@pytest.mark.quick_sample(4)
+@pytest.mark.quick_sample(8)
 @needs_interpreter
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kernel,stride,padding", SHAPES)

@@ -169,7 +169,7 @@ def _cpu_case(shape, config, relu, with_bias, with_residual, batch_inner, tmp_pa
     assert relative_error(torch.from_numpy(y), ref) < 1e-6
 
 
-@pytest.mark.quick_sample(4)
+@pytest.mark.quick_sample(9)
 @needs_gxx
 @pytest.mark.parametrize("shape", ODD_SHAPES,
                          ids=[f"C{s[0]}K{s[1]}H{s[2]}W{s[3]}R{s[4]}s{s[5]}p{s[6]}" for s in ODD_SHAPES])

@@ -201,6 +201,7 @@ def test_kernel_matches_fp64_on_odd_shapes(N, C, K, H, W, R, stride, padding):
         assert relative_error(y, ref) < 1e-5
 
 
+@pytest.mark.quick_sample(2)
 @needs_interpreter
 @pytest.mark.parametrize("config", [TensorCoreConfig(g, c, m, w, s, order=o) for g, c, m, w, s, o in
                                     [(16, 16, 32, 4, 3, "support"), (32, 16, 64, 4, 3, "index"),

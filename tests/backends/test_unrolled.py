@@ -330,6 +330,7 @@ def _half_error(spec, config, weight, x, args, flush=0):
 HALF_ERROR_FACTOR = 2.0
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("shape", ODD_SHAPES)
 def test_every_float16_candidate_computes_the_convolution_on_the_cpu(shape):
     """Odd N too: the launcher packs a zero image after the last, whose results are not stored (an

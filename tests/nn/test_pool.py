@@ -57,7 +57,7 @@ def check_pool(device, dtype, pool, layout, config=None):
     assert memory_order(y) == expected_order(layout, x) and y.permute(memory_order(y)).is_contiguous()
 
 
-@pytest.mark.quick_sample(4)
+@pytest.mark.quick_sample(8)
 @needs_interpreter
 @pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -65,6 +65,7 @@ def test_kernel_equals_torch_in_every_layout(pool, layout):
     check_pool("cpu", torch.float32, pool, layout)
 
 
+@pytest.mark.quick_sample(2)
 @needs_interpreter
 @pytest.mark.parametrize("config_index", range(4))
 def test_every_config(config_index):

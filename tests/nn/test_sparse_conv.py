@@ -113,7 +113,7 @@ def test_weight_update_is_seen_by_the_next_forward():
     assert relative_error(layer(x), layer.to_dense()(x)) < 1e-6
 
 
-@pytest.mark.quick_sample(3)
+@pytest.mark.quick_sample(6)
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_sparsify_matches_the_dense_masked_model(name):
     from sparsecnn.models import default_input_shape

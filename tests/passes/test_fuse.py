@@ -145,6 +145,7 @@ def _sparse_mask(gm, model, path):
     return layer.mask
 
 
+@pytest.mark.quick_sample(2)
 @pytest.mark.parametrize("name, shape, counts", MODELS, ids=[m[0] for m in MODELS])
 def test_prepared_model_equals_the_eval_model(name, shape, counts):
     model = _sparsify_weights(_randomise_batchnorms(build_model(name))).eval()

@@ -197,6 +197,7 @@ GENERATION = "evolutionary retraining: epoch 1/1"
 FINAL = ["evolutionary final retraining: epoch 1/2", "evolutionary final retraining: epoch 2/2"]
 
 
+@pytest.mark.quick_sample(3)
 @pytest.mark.parametrize("killed_after_saves, trained_again", [
     (2, [GENERATION] * 3 + FINAL),  # after generation 2: generations 3-5 again
     (3, [GENERATION] * 2 + FINAL),  # after the last accepted one: the mutation rewinds to its weights

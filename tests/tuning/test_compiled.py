@@ -87,6 +87,7 @@ def _sparsified(tmp_path, backend):
     return model, x
 
 
+@pytest.mark.quick_sample(3)
 @pytest.mark.parametrize("backend", ["auto", pytest.param("direct", marks=needs_interpreter)])
 def test_a_sparsified_model_is_one_graph_with_our_ops_and_compiles_to_the_eager_result(tmp_path, backend):
     model, x = _sparsified(tmp_path, backend)
