@@ -70,6 +70,7 @@ def _in_process_forbidden(monkeypatch):
     monkeypatch.setattr(block_extraction, "extract_blocks", refuse)
 
 
+@pytest.mark.slow
 def test_prefetched_extractions_equal_in_process_ones_and_are_taken(worker_pool, no_extractions, monkeypatch):
     weight = _weight()
     expected = {t2: extract_blocks(weight, BlockParams(t2=t2)) for t2 in (4, 8)}

@@ -419,6 +419,7 @@ def test_resnet_conv1_default_tiling_does_not_spill(cache):
     (3, 2, 1, codegen.CodegenConfig(bh=4, bw=1, bn=3, bk=3, tx=32, ty=1, slice_k=9), True, True),
     (3, 3, 1, None, True, True),
 ], ids=["3x3", "5x5-s2-relu", "1x1-s2-nobias", "slices-groups-chunks", "relu-nobias", "bn3", "3x3-s3-relu"])
+@pytest.mark.slow
 def test_emitted_source_computes_the_convolution(tmp_path, r, stride, pad, config, relu, has_bias):
     """The generated CUDA C (staging with halo and padding, double-buffered chunks, groups, slices
     walked backwards, partial tiles and image groups, epilogue) run as C++: it is the code both

@@ -343,6 +343,7 @@ def test_emitted_fp16_source_computes_the_convolution(tmp_path, accumulate, r, s
 @pytest.mark.quick_sample(3)
 @needs_gxx
 @pytest.mark.parametrize("tiling", list(TILINGS))
+@pytest.mark.slow
 def test_emitted_half2_tilings(tmp_path, tiling):
     config, relu, has_bias = TILINGS[tiling]
     spec = ConvSpec(4, 3, 33, 13, 13, 3, 3, 2, 1)

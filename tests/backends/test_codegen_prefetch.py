@@ -151,6 +151,7 @@ def test_unsupported_layers_are_not_prefetched(inline_workers):
 
 
 @needs_tools
+@pytest.mark.slow
 def test_a_real_worker_process_compiles_the_same_kernels(monkeypatch):
     workers = codegen_backend._new_workers()
     monkeypatch.setattr(codegen_backend, "_WORKERS", workers)

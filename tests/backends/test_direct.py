@@ -382,7 +382,7 @@ def test_conv1d_as_h1(variant):
                    zero_channels=(1,))
 
 
-@pytest.mark.quick_sample(3)
+@pytest.mark.quick_sample(6)
 @needs_interpreter
 @pytest.mark.parametrize("layout", ["channels_last", "sliced", "transposed"])
 @pytest.mark.parametrize("padding", [0, 1])
@@ -402,6 +402,7 @@ def test_non_contiguous_inputs(layout, padding):
 @needs_interpreter
 @pytest.mark.parametrize("out_layout", ["nchw", "batch_inner"])
 @pytest.mark.parametrize("in_layout", ["nchw", "batch_inner", "channels_last"])
+@pytest.mark.slow
 def test_batch_variant_layouts_and_residual(in_layout, out_layout):
     from sparsecnn.core.batch_inner import batch_inner_view, is_batch_inner
 

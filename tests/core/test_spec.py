@@ -42,6 +42,7 @@ def test_dong_suite_uses_output_sizes_from_the_paper():
     assert specs["lenet-conv1"].dense_flops == 36_864_000
 
 
+@pytest.mark.slow
 def test_every_suite_builds_with_its_paper_batch():
     batches = {"pietron-vgg16": 128, "pietron-r50-1x1": 128, "optprune-resnet18-cifar": 32, "resnet50": 32,
                "pietron-cnn1d": 128}

@@ -345,6 +345,7 @@ def test_chunked_tiles_keep_more_l2_than_a_random_unit_choice():
     assert kept[:, 0].all()  # every row keeps the strong chunk at every tap
 
 
+@pytest.mark.slow
 def test_cli_reprune_tiles_takes_the_chunk(tmp_path):
     output = tmp_path / "units.pt"
     assert main(["prune", "lenet5", "--method", "reprune-tiles", "--tile", "16", "--chunk", "8", "--sparsity", "0.8",
