@@ -7,9 +7,7 @@
 source "$(dirname "$0")/../scripts/device-env.sh"
 unset TRITON_INTERPRET
 commit=${SPARSECNN_COMMIT:-unknown}
-layers=layer1.0.conv1,layer1.0.conv2,layer1.0.conv3,layer2.0.conv2,layer2.1.conv1,layer2.1.conv2,layer2.1.conv3
-layers+=,layer3.0.conv2,layer3.1.conv1,layer3.1.conv2,layer3.1.conv3,layer4.0.conv2,layer4.1.conv1,layer4.1.conv2
-layers+=,layer4.1.conv3,layer2.0.downsample.0
+layers=$(python3 -c "from sparsecnn.layers.suites import DLMC_STUDY_LAYERS; print(','.join(DLMC_STUDY_LAYERS))")
 pattern=${PATTERN:-tiles64x32-dlmc-magnitude_pruning}
 
 bench() {  # DTYPE BATCH PEERS TIMEOUT_S

@@ -22,18 +22,16 @@ from sparsecnn.backends.tensorcore.format import pack_units
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig, unit_conv
 from sparsecnn.bench.env import environment, new_run_id
-from sparsecnn.layers.suites import get_suite
+from sparsecnn.core.reference import relative_error
+from sparsecnn.layers.suites import DLMC_STUDY_LAYERS, get_suite
 from sparsecnn.tuning.timing import benchmark
 
-LAYERS = ("layer1.0.conv1,layer1.0.conv2,layer1.0.conv3,layer2.0.conv2,layer2.1.conv1,layer2.1.conv2,"
-          "layer2.1.conv3,layer3.0.conv2,layer3.1.conv1,layer3.1.conv2,layer3.1.conv3,layer4.0.conv2,"
-          "layer4.1.conv1,layer4.1.conv2,layer4.1.conv3,layer2.0.downsample.0")
 PATTERNS = ((64, 32), (32, 32), (128, 32), (64, 16), (64, 64))  # (group, chunk) packings
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}
 
 out_path, batch = sys.argv[1], int(sys.argv[2])
 dtype_name = sys.argv[3] if len(sys.argv) > 3 else "fp16"
-wanted = (sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "all" else LAYERS).split(",")
+wanted = sys.argv[4].split(",") if len(sys.argv) > 4 and sys.argv[4] != "all" else list(DLMC_STUDY_LAYERS)
 mask_pattern = sys.argv[5] if len(sys.argv) > 5 else "units"
 dtype = DTYPES[dtype_name]
 torch.backends.cudnn.benchmark = True
@@ -55,10 +53,6 @@ def unit_mask(K, C, R, S, group, chunk, density, gen):
     kept.scatter_(1, scores.topk(keep, dim=1).indices, True)
     full = kept.reshape(groups, 1, chunks, 1, R, S).expand(groups, group, chunks, chunk, R, S)
     return full.reshape(groups * group, chunks * chunk, R, S)[:K, :C].contiguous()
-
-
-def rel_err(y, ref):
-    return float((y.double() - ref).norm() / ref.norm())
 
 
 def emit(spec, backend, pattern, config, timing, err, extra=None):
@@ -99,7 +93,7 @@ for name in wanted:
         if (group, chunk) == PATTERNS[0]:
             w_cl = weight.contiguous(memory_format=torch.channels_last)
             fn = lambda: F.conv2d(x, w_cl, bias, spec.stride, spec.padding)
-            emit(spec, "cudnn", pattern, None, benchmark(fn, device, hide_launch=True), rel_err(fn(), ref))
+            emit(spec, "cudnn", pattern, None, benchmark(fn, device, hide_launch=True), relative_error(fn(), ref))
         for order in ("index",) if given is None else ("index", "support"):
             packed = pack_units(weight, group, chunk, order)
             for block_m, warps, stages in ((64, 4, 3), (128, 4, 3), (32, 4, 3)):
@@ -107,7 +101,7 @@ for name in wanted:
                 fn = lambda: unit_conv(x, packed, spec.stride, spec.padding, config, bias=bias)
                 y = fn()
                 emit(spec, "tensorcore", pattern, dataclasses.asdict(config),
-                     benchmark(fn, device, hide_launch=True), rel_err(y, ref),
+                     benchmark(fn, device, hide_launch=True), relative_error(y, ref),
                      {"units": packed.num_units, "permuted": packed.permuted})
         if dtype != torch.float32 and chunk >= 16 and spec.K % group == 0 and spec.C % chunk == 0:
             flat = weight.permute(0, 2, 3, 1).reshape(spec.K, -1)
@@ -119,4 +113,4 @@ for name in wanted:
             full = lambda: bsr_dense_mm(bsr, im2col_rsc(x, spec))
             y = full().reshape(spec.K, spec.N, spec.P, spec.Q).permute(1, 0, 2, 3) + bias[:, None, None]
             emit(spec, "torch-bsr", pattern, {"blocksize": [group, chunk]}, benchmark(full, device, hide_launch=True),
-                 rel_err(y, ref))
+                 relative_error(y, ref))

@@ -21,21 +21,19 @@ import torch.nn.functional as F
 from sparsecnn.backends.tensorcore.format import pack_units
 from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig, unit_conv
 from sparsecnn.bench.env import environment, new_run_id
+from sparsecnn.core.reference import relative_error
 from sparsecnn.bench.patterns import make_weight
 from sparsecnn.bench.roofline import floor_ms, measure_ceilings
-from sparsecnn.layers.suites import get_suite
+from sparsecnn.layers.suites import DLMC_STUDY_LAYERS, get_suite
 from sparsecnn.tuning.timing import benchmark
 
-LAYERS = ("layer1.0.conv1,layer1.0.conv2,layer1.0.conv3,layer2.0.conv2,layer2.1.conv1,layer2.1.conv2,"
-          "layer2.1.conv3,layer3.0.conv2,layer3.1.conv1,layer3.1.conv2,layer3.1.conv3,layer4.0.conv2,"
-          "layer4.1.conv1,layer4.1.conv2,layer4.1.conv3,layer2.0.downsample.0")
 PACKINGS = ((64, 32), (32, 32))
 LAUNCHES = ((64, 4, 3), (128, 4, 3), (128, 8, 3))
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 out_path, batch = sys.argv[1], int(sys.argv[2])
 dtype_name = sys.argv[3] if len(sys.argv) > 3 else "fp16"
-wanted = (sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "all" else LAYERS).split(",")
+wanted = sys.argv[4].split(",") if len(sys.argv) > 4 and sys.argv[4] != "all" else list(DLMC_STUDY_LAYERS)
 patterns = (sys.argv[5] if len(sys.argv) > 5 else
             "tiles64x32-dlmc-magnitude_pruning,tiles64x32i-dlmc-magnitude_pruning").split(",")
 dtype = DTYPES[dtype_name]
@@ -46,10 +44,6 @@ base = {"run": new_run_id(), "kind": "layer", **environment(device), "suite": "r
         "mode": "gpu", "probe": "tensorcore_store_probe", **ceilings}
 specs = {s.name: s for s in get_suite("resnet50", batch)}
 out = open(out_path, "a")
-
-
-def rel_err(y, ref):
-    return float((y.double() - ref).norm() / ref.norm())
 
 
 def emit(spec, pattern, backend, config, timing, err, flops, density, extra=None):
@@ -75,7 +69,7 @@ for name in wanted:
         ref = F.conv2d(x.double(), weight.double(), None, spec.stride, spec.padding)
         w_cl = weight.contiguous(memory_format=torch.channels_last)
         fn = lambda: F.conv2d(x, w_cl, None, spec.stride, spec.padding)
-        emit(spec, pattern, "cudnn", None, benchmark(fn, device, hide_launch=True), rel_err(fn(), ref),
+        emit(spec, pattern, "cudnn", None, benchmark(fn, device, hide_launch=True), relative_error(fn(), ref),
              2 * M * weight.numel(), density)
         for group, chunk in PACKINGS:
             for order in ("support", "index"):
@@ -94,5 +88,5 @@ for name in wanted:
                         fn = lambda: unit_conv(x, weights, spec.stride, spec.padding, config)
                         flops = 2 * M * weights.num_units * group * chunk
                         emit(spec, pattern, "tensorcore-" + label, dataclasses.asdict(config),
-                             benchmark(fn, device, hide_launch=True), rel_err(fn(), expected), flops, density,
+                             benchmark(fn, device, hide_launch=True), relative_error(fn(), expected), flops, density,
                              {"units": weights.num_units})

@@ -4,7 +4,7 @@ from torch import nn
 
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.layers import get_suite, suite_names
-from sparsecnn.layers.suites import specs_from_model
+from sparsecnn.layers.suites import DLMC_STUDY_LAYERS, specs_from_model
 
 
 def test_output_size_and_flops_match_conv2d():
@@ -87,3 +87,9 @@ def test_launch_spec_is_the_layers_spec_built_once_per_shape():
     assert launch_spec((3, 5, 13, 11), (33, 5, 3, 3), (2, 2), (1, 1)) is spec
     with pytest.raises(ValueError):
         launch_spec((3, 5, 2, 2), (33, 5, 3, 3), (1, 1), (0, 0))  # no output pixel: refused as ConvSpec refuses it
+
+
+def test_the_dlmc_study_layers_are_sixteen_distinct_resnet50_layers():
+    names = [spec.name for spec in get_suite("resnet50", 1)]
+    assert len(set(DLMC_STUDY_LAYERS)) == len(DLMC_STUDY_LAYERS) == 16
+    assert set(DLMC_STUDY_LAYERS) <= set(names)

@@ -12,6 +12,12 @@ import torch
 
 from sparsecnn.core.spec import ConvSpec
 
+# The 16 ResNet-50 layers the DLMC tile and unit studies time (issues 32 and 45; suite "resnet50").
+DLMC_STUDY_LAYERS: Tuple[str, ...] = (
+    "layer1.0.conv1", "layer1.0.conv2", "layer1.0.conv3", "layer2.0.conv2", "layer2.1.conv1", "layer2.1.conv2",
+    "layer2.1.conv3", "layer3.0.conv2", "layer3.1.conv1", "layer3.1.conv2", "layer3.1.conv3", "layer4.0.conv2",
+    "layer4.1.conv1", "layer4.1.conv2", "layer4.1.conv3", "layer2.0.downsample.0")
+
 _Row = Tuple[str, int, int, int, int, int, int]
 _Row1d = Tuple[str, int, int, int, int]
 
