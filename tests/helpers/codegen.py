@@ -17,6 +17,7 @@ from sparsecnn.backends.codegen import half2, template
 from sparsecnn.core.reference import reference_conv
 
 from .common import needs
+from .cpp import compiled_cpp
 
 needs_gxx = needs("g++")  # skipped without g++ locally, failed in CI (helpers.common.require)
 needs_tools = needs("nvcc", "ptxas", "g++")  # the CUDA toolkit's or NVIDIA's pip wheel's, and nvcc's host compiler
@@ -151,15 +152,13 @@ def run_emitted_on_cpu(plan, weight: np.ndarray, x: np.ndarray, bias: np.ndarray
     x (N, C, H, W), bias (K,) (or any (1,) array when the plan has none): cast to the plan's dtype.
     """
     element = _ELEMENTS[plan.dtype][1]
-    (tmp_path / "run.cpp").write_text(cpu_source(plan, weight))
-    subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-w", "run.cpp", "-o", "run"],
-                   cwd=tmp_path, check=True)
+    runner = compiled_cpp(cpu_source(plan, weight))
     n, spec = x.shape[0], plan.spec
     x.astype(element).tofile(tmp_path / "x.bin")
     bias.astype(element).tofile(tmp_path / "bias.bin")
     grid = plan.grid(n)
     y_count = n * spec.K * spec.P * spec.Q
-    subprocess.run(["./run", "x.bin", "bias.bin", "y.bin", str(x.size), str(bias.size), str(y_count), str(n),
+    subprocess.run([str(runner), "x.bin", "bias.bin", "y.bin", str(x.size), str(bias.size), str(y_count), str(n),
                     str(plan.slice_k), str(grid[0]), str(grid[1]), str(plan.config.tx), str(plan.config.ty)],
                    cwd=tmp_path, check=True)
     return np.fromfile(tmp_path / "y.bin", dtype=element).reshape(n, spec.K, spec.P, spec.Q)

@@ -7,17 +7,14 @@ a function static, and a warp shuffle an exchange through a block-wide array bet
 padding and strides, chunk pointers, per-lane pixel offsets, the epilogue's strides and pooling) is
 the one the GPU runs.
 """
-import atexit
-import hashlib
-import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
 from sparsecnn.backends.staged import kernel as staged
 from sparsecnn.backends.staged import source as staged_source
+
+from .cpp import compiled_cpp
 
 _SHIM = r"""
 #include <barrier>
@@ -107,30 +104,13 @@ def cpu_source(gpu_source: str) -> str:
     return _SHIM + body + _MAIN
 
 
-_RUNNERS = {}  # sha256 of a C++ source -> its compiled runner, compiled once per process
-
-
-def _compiled_runner(source: str) -> Path:
-    """The runner compiled from `source`. The epilogue flags, bias and residual are runtime arguments,
-    so the cases of one (spec, config) share one g++ compile (seconds each)."""
-    key = hashlib.sha256(source.encode()).hexdigest()
-    if key not in _RUNNERS:
-        directory = Path(tempfile.mkdtemp(prefix="sparsecnn-staged-cpu-"))
-        atexit.register(shutil.rmtree, directory, True)
-        (directory / "run.cpp").write_text(source)
-        subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-ffp-contract=off", "-w", "run.cpp", "-o", "run"],
-                       cwd=directory, check=True)
-        _RUNNERS[key] = directory / "run"
-    return _RUNNERS[key]
-
-
 def run_staged_on_cpu(x, packed, spec, config, bias, residual, relu, out_strides, tmp_path, pool=0) -> np.ndarray:
     """The kernel's output for x (N, C, H, W) float32 numpy (any N that is a multiple of 32),
     `packed` (`pack_weight(weight, config)` on the CPU), bias (K,) or None, residual (N, K, P, Q) or None, pool
     (`staged.POOL_WINDOWS`), written at `out_strides` (elements, (N, K, P', Q') order, P' x Q' the pooled size)
     into a buffer of NaNs: returns that (N, K, P', Q') view as a dense array (NaN where nothing was written)."""
     out_vectors = out_strides[0] == 1 and all(s % 4 == 0 for s in out_strides[1:])
-    runner = _compiled_runner(cpu_source(staged.kernel_source(spec, config)))
+    runner = compiled_cpp(cpu_source(staged.kernel_source(spec, config)))
     n, k, p, q = staged.pooled_shape(spec.output_shape, pool)
     size = 1 + sum((extent - 1) * stride for extent, stride in zip((n, k, p, q), out_strides))
     np.ascontiguousarray(x.transpose(1, 2, 3, 0), dtype=np.float32).tofile(tmp_path / "x.bin")
