@@ -11,12 +11,13 @@ in fp64 (`rel_err`):
 - backend "auto" (ours): `sparsecnn.compile(model, x, mode="max-autotune")`, which tunes a copy,
   compiles it, and keeps it only where it beats the model as given compiled the same way.
 The compiled ones (their own CUDA graphs) in modes "eager" (plain calls) and "cudagraph" (the same
-calls, GPU time alone).
+calls, GPU time alone). `tuning_rows`: cold tuning times (`tuning_time.py`).
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -228,3 +229,31 @@ def run_cells(cells: Sequence[Cell], setup: Setup, row, write: Callable[[List[di
             say(line)
         say(f"{cell}: {rows[-1]['config']} [{time.time() - start:.0f} s]")
     return said
+
+
+def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: str) -> List[dict]:
+    """`runs` tunings of `name` (`pruned`) as a user tunes it, `prepare_for_inference` + `sparsify_`
+    with dtype=None (an fp32 model at PyTorch's defaults on CUDA: "fp32-default"), each from an
+    empty decision cache on input N(0, 1) of (batch, 3, hw, hw). One row per run: the results schema,
+    kind "tuning", dtype "tf32", median_ms null, config {"run", "tune_s", "phases_s", "policy", "kept",
+    "sparse_layers", "layers"}."""
+    given = pruned(name, setup).to(setup.device)
+    x = torch.randn(batch, 3, setup.hw, setup.hw, device=setup.device)
+    rows = []
+    for index in range(1, runs + 1):
+        model = sparsecnn.prepare_for_inference(copy.deepcopy(given))
+        with tempfile.TemporaryDirectory() as cache_dir:
+            start = time.perf_counter()
+            sparsecnn.sparsify_(model, x, cache_dir=cache_dir, progress=False)
+            if x.is_cuda:
+                torch.cuda.synchronize()
+            tune_s = time.perf_counter() - start
+        report = model.sparsecnn_report
+        convs = [m for m in model.modules() if isinstance(m, (SparseConv2d, torch.nn.Conv2d))]
+        config = {"run": index, "tune_s": round(tune_s, 2), "phases_s": {k: round(v, 2) for k, v in report.phase_s.items()},
+                  "policy": report.policy, "kept": report.model_check.kept if report.model_check else None,
+                  "sparse_layers": sum(isinstance(m, SparseConv2d) and not m.backend.startswith("dense") for m in convs),
+                  "layers": len(convs)}
+        rows.append({**result_row(env, run, Cell(name, "fp32", batch), "auto", "cudagraph", {"median_ms": None},
+                                  None, config), "kind": "tuning"})
+    return rows

@@ -60,3 +60,15 @@ def test_one_cell_times_the_given_model_it_compiled_and_ours_compiled(tmp_path, 
     assert any(line.startswith("missing:fp32:2: FAILED KeyError") for line in said)
     late = cells.run_cells([cells.Cell("small", "fp16", 1)], setup, row, written.extend, budget_s=1.0, start=0.0)
     assert late == ["budget spent: small:fp16:1 not started"] and len(written) == len(rows)
+
+
+def test_tuning_rows_time_each_cold_tuning_and_its_phases():
+    setup = cells.Setup(torch.device("cpu"), load=_small, hw=16)
+    rows = cells.tuning_rows("small", setup, 2, 2, ENV, "run-2")
+    assert [row["config"]["run"] for row in rows] == [1, 2]
+    for row in rows:
+        config = row["config"]
+        assert row["kind"] == "tuning" and row["model"] == "small" and row["N"] == 2 and row["median_ms"] is None
+        assert config["tune_s"] > 0 and config["phases_s"]["total"] <= config["tune_s"]
+        assert {"reference pass", "layers", "model check"} <= set(config["phases_s"])
+        assert config["layers"] == 3 and config["policy"] == "fp32"
