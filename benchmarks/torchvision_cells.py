@@ -134,7 +134,12 @@ def ours_config(report, module: torch.nn.Module, tune_s: float) -> dict:
             "kept": report.model_check.kept if report.model_check else None,
             "compile_mode": check.mode, "compiled_kept": check.kept, "compiled_speedup": round(check.speedup, 3),
             "to_inductor": len(check.to_inductor), "phases_s": {k: round(v, 1) for k, v in check.phase_s.items()},
-            "sparse_layers": sum(isinstance(m, SparseConv2d) and not m.backend.startswith("dense")
+            **conv_counts(module)}
+
+
+def conv_counts(module: torch.nn.Module) -> Dict[str, int]:
+    """{"sparse_layers": convs on a sparse backend, "layers": every conv}."""
+    return {"sparse_layers": sum(isinstance(m, SparseConv2d) and not m.backend.startswith("dense")
                                  for m in module.modules()),
             "layers": sum(isinstance(m, (SparseConv2d, torch.nn.Conv2d)) for m in module.modules())}
 
@@ -249,11 +254,9 @@ def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: 
                 torch.cuda.synchronize()
             tune_s = time.perf_counter() - start
         report = model.sparsecnn_report
-        convs = [m for m in model.modules() if isinstance(m, (SparseConv2d, torch.nn.Conv2d))]
         config = {"run": index, "tune_s": round(tune_s, 2), "phases_s": {k: round(v, 2) for k, v in report.phase_s.items()},
                   "policy": report.policy, "kept": report.model_check.kept if report.model_check else None,
-                  "sparse_layers": sum(isinstance(m, SparseConv2d) and not m.backend.startswith("dense") for m in convs),
-                  "layers": len(convs)}
+                  **conv_counts(model)}
         rows.append({**result_row(env, run, Cell(name, "fp32", batch), "auto", "cudagraph", {"median_ms": None},
                                   None, config), "kind": "tuning"})
     return rows
