@@ -140,9 +140,11 @@ def test_config_checks_and_candidates():
     config = TensorCoreConfig()
     assert TensorCoreConfig.from_dict(dataclasses.asdict(config)) == config
     for field, bad in [("order", "given"), ("group", 24), ("chunk", 8), ("block_m", 48), ("num_warps", 2), ("num_stages", 1),
-                       ("precision", "tf32x3"), ("group", True)]:
+                       ("precision", "tf32x3"), ("group", True), ("loads", "cp.async")]:
         with pytest.raises(ValueError, match=f"TensorCoreConfig.{field}"):
             TensorCoreConfig(**{field: bad})
+    with pytest.raises(ValueError, match="block_m must be one of .64, 128. with loads='tma'"):
+        TensorCoreConfig(block_m=32, loads="tma")
     with pytest.raises(ValueError, match="unknown keys"):
         TensorCoreConfig.from_dict({"group": 64, "tiles": 3})
     small = candidate_configs(ConvSpec(1, 3, 33, 13, 13, 3, 3), torch.float16)
@@ -151,7 +153,19 @@ def test_config_checks_and_candidates():
     large = candidate_configs(ConvSpec(1, 256, 256, 14, 14, 3, 3), torch.float16)
     assert {c.packing[:2] for c in large} == {(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)}
     assert {c.order for c in large} == {"support", "index"}
+    assert {(c.loads, c.order) for c in large if c.loads == "tma"} == {("tma", "index")}
+    strided = candidate_configs(ConvSpec(1, 256, 256, 14, 14, 3, 3, 2, 1), torch.float16)
+    assert {c.loads for c in strided} == {"pointer"}  # TMA boxes step one pixel
+    fp32 = candidate_configs(ConvSpec(1, 256, 256, 14, 14, 3, 3), torch.float32)
+    assert {c.packing[:2] for c in fp32 if c.loads == "tma"} == {(32, 32)}  # box rows of at most 128 bytes
 
+
+def test_unit_slots_hold_a_group_in_a_power_of_two_up_to_64():
+    if not (INTERPRET or torch.cuda.is_available()):
+        pytest.skip("imports triton")
+    from sparsecnn.backends.tensorcore.tma_kernel import unit_slots
+
+    assert [unit_slots(n) for n in (0, 1, 2, 3, 9, 64, 65, 300)] == [1, 1, 2, 4, 16, 64, 0, 0]
 
 @pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="imports triton")
 def test_auto_configs_one_launch_per_packing_and_tf32_only_for_fp32():
@@ -159,7 +173,7 @@ def test_auto_configs_one_launch_per_packing_and_tf32_only_for_fp32():
     half = auto_configs(spec, torch.float16)
     index_packings = {c.packing for c in candidate_configs(spec, torch.float16) if c.order == "index"}
     assert len(half) == 5 and {c.packing for c in half} == index_packings
-    assert all(c.precision == "ieee" for c in half)
+    assert all(c.precision == "ieee" and c.loads == "pointer" for c in half)
     assert {c.precision for c in auto_configs(spec, torch.float32)} == {"tf32"}
 
 
@@ -215,6 +229,56 @@ def test_kernel_every_tile_shape_with_residual_and_relu(config):
     residual = inputs((N, K, H, H), seed=5)
     y = unit_conv(x, packed, (1, 1), (1, 1), config, bias=bias, residual=residual, relu=True)
     assert relative_error(y, expected(x, weight, bias, 1, 1, relu=True, residual=residual)) < 1e-5
+
+
+TMA_SHAPES = [  # (N, C, K, H, W, R, padding): stride 1; C=12 (48-byte rows) is past TMA in fp16 only
+    (2, 8, 40, 13, 11, 3, 1), (1, 16, 33, 6, 9, 1, 0), (1, 12, 24, 7, 7, 5, 2), (1, 8, 16, 5, 6, 7, 3),
+    (0, 8, 16, 5, 5, 3, 1),
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("N,C,K,H,W,R,padding", TMA_SHAPES)
+def test_tma_kernel_matches_fp64_on_odd_shapes(N, C, K, H, W, R, padding):
+    """The TMA path (zero-filled boxes for the padding and past C, stores dropped past P, Q, K),
+    with residual and ReLU."""
+    config = TensorCoreConfig(group=16, chunk=16, block_m=64, order="index", loads="tma")
+    weight = unit_weight(K, C, R, R, 16, 16, keep=0.3)
+    packed = pack_units(weight, 16, 16, "index")
+    x, bias = inputs((N, C, H, W)), torch.randn(K)
+    residual = inputs((N, K, H + 2 * padding - R + 1, W + 2 * padding - R + 1), seed=5)
+    y = unit_conv(x, packed, (1, 1), (padding, padding), config, bias=bias, residual=residual, relu=True)
+    ref = expected(x, weight, bias, 1, padding, relu=True, residual=residual)
+    assert y.shape == ref.shape and y.is_contiguous(memory_format=torch.channels_last)
+    if N:
+        assert relative_error(y, ref) < 1e-5
+
+
+@needs_interpreter
+@pytest.mark.parametrize("loads", ["pointer", "tma"])
+def test_kernels_load_units_one_by_one_past_64_per_group(loads):
+    """A group of 98 units (2 chunks x 7 x 7 taps, all kept) is past the register slots."""
+    from sparsecnn.backends.tensorcore.tma_kernel import unit_slots
+
+    weight = unit_weight(16, 32, 7, 7, 16, 16, keep=1.0)
+    packed = pack_units(weight, 16, 16, "index")
+    assert packed.max_units == 98 and unit_slots(packed.max_units) == 0
+    x = inputs((1, 32, 5, 6))
+    config = TensorCoreConfig(group=16, chunk=16, block_m=64, order="index", loads=loads)
+    y = unit_conv(x, packed, (1, 1), (3, 3), config)
+    assert relative_error(y, expected(x, weight, None, 1, 3)) < 1e-5
+
+
+@needs_interpreter
+def test_tma_config_falls_back_to_the_pointer_kernel_where_tma_cannot_run():
+    """Stride 2, C=3 (12-byte rows) and support order run the pointer kernel, with the same result."""
+    for C, stride, order in [(8, 2, "index"), (3, 1, "index"), (8, 1, "support")]:
+        weight = unit_weight(24, C, 3, 3, 16, 16, keep=0.5, seed=C)
+        packed = pack_units(weight, 16, 16, order)
+        x = inputs((1, C, 7, 7))
+        config = TensorCoreConfig(group=16, chunk=16, block_m=64, order=order, loads="tma")
+        y = unit_conv(x, packed, (stride, stride), (1, 1), config)
+        assert relative_error(y, expected(x, weight, None, stride, 1)) < 1e-5
 
 
 @needs_interpreter
@@ -341,6 +405,27 @@ def test_gpu_odd_shapes(shape, dtype, precision):
     N, C, K, H, R, stride, padding = shape
     config = candidate_configs(ConvSpec(max(N, 1), C, K, H, H, R, R, stride, padding), dtype)[0]
     check_gpu_layer(shape, dtype, dataclasses.replace(config, precision=precision), [(False, False), (True, True)])
+
+
+GPU_TMA_SHAPES = [  # (N, C, K, H, R, stride, padding): stride 1, K and C off the tiles, padding 0-3
+    (3, 8, 40, 13, 3, 1, 1), (1, 24, 72, 13, 1, 1, 0), (2, 64, 96, 14, 3, 1, 2), (1, 32, 56, 9, 7, 1, 3),
+    (0, 16, 16, 7, 3, 1, 1),
+]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,precision", GPU_MODES[1:], ids=str)
+@pytest.mark.parametrize("shape", GPU_TMA_SHAPES, ids=str)
+def test_gpu_every_tma_config(shape, dtype, precision):
+    """Every TMA config the tuner may pick on stride-1 odd shapes, plain and with residual + ReLU."""
+    N, C, K, H, R, stride, padding = shape
+    configs = [c for c in candidate_configs(ConvSpec(max(N, 1), C, K, H, H, R, R, stride, padding), dtype)
+               if c.loads == "tma"]
+    assert configs
+    for config in configs:
+        check_gpu_layer(shape, dtype, dataclasses.replace(config, precision=precision),
+                        [(False, False), (True, True)])
 
 
 @gpu

@@ -28,7 +28,8 @@ class UnitWeights:
     [group_start[g], group_start[g + 1]). out_channel: (num_groups * group,) int32, the output
     channel of each group row, -1 for padding rows. permuted: False when out_channel is 0..K-1
     (then rows past K are padding). order: how the channels were ordered, "index", "support" or
-    "given" (an explicit permutation).
+    "given" (an explicit permutation). max_units: the most units any group keeps (kernels size
+    their register copy of a group's unit list by it).
     """
 
     values: torch.Tensor
@@ -41,6 +42,7 @@ class UnitWeights:
     chunk: int
     permuted: bool
     order: str = "index"
+    max_units: int = 0
 
     @property
     def num_groups(self) -> int:
@@ -123,4 +125,5 @@ def pack_units(weight: torch.Tensor, group: int, chunk: int,
     return UnitWeights(values=values.transpose(1, 2).contiguous(), unit_tap=(r * S + s).to(torch.int32),
                        unit_chunk=c.to(torch.int32), group_start=group_start.to(weight.device),
                        out_channel=rows.to(torch.int32).to(weight.device), kernel_shape=(K, C, R, S),
-                       group=group, chunk=chunk, permuted=order != list(range(K)), order=label)
+                       group=group, chunk=chunk, permuted=order != list(range(K)), order=label,
+                       max_units=int(counts.max()) if num_groups else 0)

@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 
 from sparsecnn.backends.tensorcore.format import ORDERS, UnitWeights
+from sparsecnn.backends.tensorcore.tma_kernel import (TILE_SHAPES, tma_eligible, tma_shape_ok, tma_unit_conv, unit_at,
+                                                      unit_list, unit_slots)
 from sparsecnn.core.checks import check_residual, check_triton_input, config_from_dict
 from sparsecnn.core.op_support import output_shape
 
@@ -28,6 +30,7 @@ GROUPS = (16, 32, 64, 128)
 CHUNKS = (16, 32, 64)  # tl.dot needs a reduction step of at least 16 for fp16/bf16
 BLOCK_MS = (32, 64, 128, 256)
 PRECISIONS = ("ieee", "tf32")
+LOADS = ("pointer", "tma")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +41,10 @@ class TensorCoreConfig:
     are multiplied, "ieee" (exact, FMA units) or "tf32" (tensor cores, inputs rounded to TF32, as
     PyTorch's default convolutions); fp16/bf16 always run on tensor cores and carry "ieee";
     order: how output channels are grouped (`format.pack_units`), "support" (fewest units, stores
-    through a channel map) or "index" (channel runs, contiguous stores).
+    through a channel map) or "index" (channel runs, contiguous stores); loads: how operands reach
+    shared memory, "pointer" (this module's kernel: gathered rows of BLOCK_M flattened pixels) or
+    "tma" (`tma_kernel`: boxes of a spatial tile of block_m pixels through the tensor memory
+    accelerator, where `tma_kernel.tma_eligible` holds; the pointer kernel elsewhere).
     (group, chunk, order) shape the packed weight (`packing`); the others only the launch."""
 
     group: int = 64
@@ -48,14 +54,19 @@ class TensorCoreConfig:
     num_stages: int = 3
     precision: str = "ieee"
     order: str = "support"
+    loads: str = "pointer"
 
     def __post_init__(self):
         for name, allowed in (("group", GROUPS), ("chunk", CHUNKS), ("block_m", BLOCK_MS),
                               ("num_warps", (4, 8)), ("num_stages", (2, 3, 4, 5)), ("precision", PRECISIONS),
-                              ("order", ORDERS)):
+                              ("order", ORDERS), ("loads", LOADS)):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:
                 raise ValueError(f"TensorCoreConfig.{name} must be one of {allowed}, got {value!r}")
+        tma_block_ms = sorted({h * w for h, w in TILE_SHAPES})
+        if self.loads == "tma" and self.block_m not in tma_block_ms:
+            raise ValueError(f"TensorCoreConfig.block_m must be one of {tma_block_ms} with loads='tma' (spatial "
+                             f"tiles {TILE_SHAPES}), got {self.block_m}")
 
     @property
     def packing(self) -> Tuple[int, int, str]:
@@ -74,7 +85,8 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_sta
                       M, H, W, C, P, Q, K, kernel_w, stride_h, stride_w, pad_h, pad_w, num_groups,
                       BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, ROW_ALIGN: tl.constexpr,
                       EVEN_C: tl.constexpr, PERMUTED: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr):
+                      HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr,
+                      SLOTS: tl.constexpr):
     pid = tl.program_id(0)
     group = pid % num_groups
     offs_m = (pid // num_groups) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -89,9 +101,10 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_sta
     acc = tl.zeros((BLOCK_M, GROUP), dtype=tl.float32)
     start = tl.load(group_start_ptr + group)
     end = tl.load(group_start_ptr + group + 1)
+    taps, chunks = unit_list(unit_tap_ptr, unit_chunk_ptr, start, end - start, max(SLOTS, 1))
     for unit in range(start, end):
-        tap = tl.load(unit_tap_ptr + unit)
-        c0 = tl.load(unit_chunk_ptr + unit) * CHUNK
+        tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, SLOTS)
+        c0 *= CHUNK
         h = h_base + tap // kernel_w
         w = w_base + tap % kernel_w
         inside = in_m & (h >= 0) & (h < H) & (w >= 0) & (w < W)
@@ -151,6 +164,12 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
     M = N * shape[2] * shape[3]
     if M == 0:
         return y
+    precision = "tf32" if x.dtype == torch.float32 and config.precision == "tf32" else "ieee"
+    if config.loads == "tma" and tma_eligible(x, residual, packed.kernel_shape, stride, packed.chunk, packed.group,
+                                              packed.permuted):
+        return tma_unit_conv(x, packed.values, packed.unit_tap, packed.unit_chunk, packed.group_start,
+                             packed.kernel_shape, padding, y, packed.group, packed.chunk, config.block_m,
+                             config.num_warps, config.num_stages, precision, packed.max_units, bias, residual, relu)
     grid = (triton.cdiv(M, config.block_m) * packed.num_groups,)
     _unit_conv_kernel[grid](
         x, packed.values, packed.unit_tap, packed.unit_chunk, packed.group_start, packed.out_channel,
@@ -159,8 +178,7 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
         packed.num_groups,
         BLOCK_M=config.block_m, GROUP=config.group, CHUNK=config.chunk, ROW_ALIGN=_row_align(C, config.chunk),
         EVEN_C=C % config.chunk == 0, PERMUTED=packed.permuted, HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=residual is not None, RELU=relu,
-        PRECISION="tf32" if x.dtype == torch.float32 and config.precision == "tf32" else "ieee",
+        HAS_RESIDUAL=residual is not None, RELU=relu, PRECISION=precision, SLOTS=unit_slots(packed.max_units),
         num_warps=config.num_warps, num_stages=config.num_stages)
     return y
 
@@ -171,30 +189,42 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
 _LAUNCHES = ((64, 4, 3), (128, 4, 3), (32, 4, 3))
 # (group, chunk) packings: 64 x 32 and 64 x 64 won most layers of the probe, 128 x 32 and 64 x 16 a few.
 _PACKINGS = ((64, 32), (64, 64), (32, 32), (64, 16), (128, 32))
+# Launches of the TMA kernel (stride-1 layers). Probe (H200, fp16, N=32, 12 stride-1 DLMC layers,
+# benchmarks/results/2026-11-29-h200-tensorcore-loads-fp16-n32-register-units.jsonl): within 9% of the pointer
+# kernel on every layer, ahead by 7-8% on two (layer1.0.conv2, layer1.0.conv3).
+_TMA_LAUNCHES = ((64, 4, 3), (128, 4, 3))
 
 
 def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     """Configs for the autotuner, default first: every packing of _PACKINGS whose group and chunk
     do not exceed the layer's K and C (rounded up to a power of two, at least 16), in both channel
     orders (support order packs fewer units, index order stores contiguously: which wins is
-    measured), with every launch of _LAUNCHES; fp32 configs carry "ieee" (the tuner adds "tf32"
-    variants where the precision policy allows)."""
+    measured), with every launch of _LAUNCHES; then, where `tma_kernel.tma_shape_ok` holds for the
+    layer in `dtype`, each index-order packing through the TMA kernel at _TMA_LAUNCHES. fp32
+    configs carry "ieee" (the tuner adds "tf32" variants where the precision policy allows)."""
     groups = max(16, 1 << (spec.K - 1).bit_length())
     chunks = max(16, 1 << (spec.C - 1).bit_length())
-    packings = [(min(g, groups), min(c, chunks)) for g, c in _PACKINGS]
-    return list(dict.fromkeys(TensorCoreConfig(g, c, m, w, st, order=order) for order in ("support", "index")
-                              for g, c in dict.fromkeys(packings) for m, w, st in _LAUNCHES))
+    packings = list(dict.fromkeys((min(g, groups), min(c, chunks)) for g, c in _PACKINGS))
+    configs = [TensorCoreConfig(g, c, m, w, st, order=order) for order in ("support", "index")
+               for g, c in packings for m, w, st in _LAUNCHES]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    configs += [TensorCoreConfig(g, c, m, w, st, order="index", loads="tma") for g, c in packings
+                if tma_shape_ok(spec.C, spec.K, spec.stride, itemsize, c, g) for m, w, st in _TMA_LAUNCHES]
+    return list(dict.fromkeys(configs))
 
 
 def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     """What `backend="auto"` tries: every packing in index order at the default launch (the probe's
     most frequent winner, within 1% elsewhere), so tuning a model costs one compile per packing; for
     fp32 only the TF32 variants (exact fp32 on FMA units never beat cuDNN), which the tuner offers
-    only under a policy that allows TF32. Support order is left out: its scattered stores made every
-    one of ResNet-50's 16 probed layers 1.5-14x slower than the same units stored contiguously
+    only under a policy that allows TF32. TMA configs are left out (within 9% of the pointer
+    kernel, `_TMA_LAUNCHES`: not worth a compile each in tuning). Support order is left out: its
+    scattered stores made every one of ResNet-50's 16 probed layers 1.5-14x slower than the same
+    units stored contiguously
     (benchmarks/tensorcore_store_probe.py), so masks for this backend keep channel-run tiles."""
     configs = [config for config in candidate_configs(spec, dtype)
-               if (config.block_m, config.num_warps, config.num_stages) == _LAUNCHES[0] and config.order == "index"]
+               if (config.block_m, config.num_warps, config.num_stages) == _LAUNCHES[0] and config.order == "index"
+               and config.loads == "pointer"]
     if dtype == torch.float32:
         configs = [dataclasses.replace(config, precision="tf32") for config in configs]
     return configs

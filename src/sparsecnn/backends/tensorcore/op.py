@@ -25,14 +25,15 @@ def _config(text: str):
 def tensorcore_conv2d_eager(x: torch.Tensor, values: torch.Tensor, unit_tap: torch.Tensor, unit_chunk: torch.Tensor,
                             group_start: torch.Tensor, out_channel: torch.Tensor, bias: Optional[torch.Tensor],
                             residual: Optional[torch.Tensor], kernel_shape: List[int], stride: List[int],
-                            padding: List[int], permuted: bool, config: str, relu: bool) -> torch.Tensor:
+                            padding: List[int], permuted: bool, max_units: int, config: str,
+                            relu: bool) -> torch.Tensor:
     """act(conv(x) + bias + residual) -> (N, K, P, Q) channels_last; see the module docstring."""
     from sparsecnn.backends.tensorcore.format import UnitWeights
     from sparsecnn.backends.tensorcore.kernel import unit_conv
 
     parsed = _config(config)
     packed = UnitWeights(values, unit_tap, unit_chunk, group_start, out_channel, tuple(kernel_shape),
-                         parsed.group, parsed.chunk, permuted)
+                         parsed.group, parsed.chunk, permuted, max_units=max_units)
     return unit_conv(x, packed, tuple(stride), tuple(padding), parsed, bias=bias, residual=residual, relu=relu)
 
 
@@ -41,5 +42,5 @@ tensorcore_conv2d = custom_op("sparsecnn::tensorcore_conv2d", tensorcore_conv2d_
 
 @register_fake("sparsecnn::tensorcore_conv2d")
 def _tensorcore_conv2d_fake(x, values, unit_tap, unit_chunk, group_start, out_channel, bias, residual, kernel_shape,
-                            stride, padding, permuted, config, relu):
+                            stride, padding, permuted, max_units, config, relu):
     return fake_output(x, residual, kernel_shape, stride, padding).contiguous(memory_format=torch.channels_last)
