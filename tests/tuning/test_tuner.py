@@ -240,6 +240,28 @@ def test_a_candidate_that_errors_is_dropped(tmp_path):
     assert result.backend == "im2col-cusparse" and set(result.times_ms) == {"dense", "im2col-cusparse"}
 
 
+@pytest.mark.parametrize("scale, kept", [(1 + 1e-3, False), (1 + 1e-7, True)])
+def test_a_candidate_off_the_fp64_result_by_more_than_twice_dense_is_dropped(monkeypatch, scale, kept):
+    """A sparse candidate erring by 1e-3 (e.g. a TF32 kernel summing worse than cuDNN's TF32) is
+    dropped before any timing, even when fastest; one within fp32 rounding is kept."""
+    from sparsecnn.tuning import select
+
+    real_runner = select._runner
+
+    def skewed(candidate, *args):
+        run = real_runner(candidate, *args)
+        return (lambda: run() * scale) if candidate.backend == "im2col-cusparse" else run
+
+    monkeypatch.setattr(select, "_runner", skewed)
+    x, weight, bias, spec = _layer()
+    timer = FakeTimer(probe_ms={"dense": 3.0, "im2col-cublas": 2.0, "im2col-cusparse": 1.0})
+    selection = pick_fastest(x, weight, bias, spec, CPU_CANDIDATES, timer)
+    assert (selection.best == Candidate("im2col-cusparse")) == kept
+    if not kept:
+        assert "im2col-cusparse" not in timer.probed
+        assert "against fp64, over 2x the dense candidates'" in selection.dropped["im2col-cusparse"]
+
+
 def test_only_the_fastest_probed_sparse_candidates_are_benchmarked():
     x, weight, bias, spec = _layer()
     timer = FakeTimer(probe_ms={"dense": 3.0, "im2col-cublas": 2.0, "im2col-cusparse": 1.0},

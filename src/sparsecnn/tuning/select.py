@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 import torch
 
 from sparsecnn.backends import backend_names, config_to_dict, get_backend
+from sparsecnn.core.reference import reference_conv, relative_error
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.tuning.phases import PhaseClock
 from sparsecnn.tuning.precision import PrecisionPolicy, tf32_variant, uses_tf32
@@ -177,15 +178,17 @@ def _error_text(error: Exception) -> str:
 
 
 def _first_calls(runners: Dict[Candidate, Callable[[], torch.Tensor]], device: torch.device,
-                 dropped: Dict[str, str]) -> None:
-    """Call each runner once (compiling its kernels), dropping those that raise. On CUDA, one
-    candidate per backend first (lazy initialisations stay single-threaded), then the rest several
-    at a time; elsewhere one by one (Triton's CPU interpreter is not thread-safe)."""
+                 dropped: Dict[str, str], exact: torch.Tensor) -> Dict[Candidate, float]:
+    """Call each runner once (compiling its kernels), dropping those that raise; returns each
+    one's relative error against `exact` (the fp64 output). On CUDA, one candidate per backend
+    first (lazy initialisations stay single-threaded), then the rest several at a time; elsewhere
+    one by one (Triton's CPU interpreter is not thread-safe)."""
     errors: Dict[Candidate, Exception] = {}
+    accuracy: Dict[Candidate, float] = {}
 
     def call(candidate: Candidate) -> None:
         try:  # any failure (a config the hardware refuses, a compile error) drops the candidate
-            runners[candidate]()
+            accuracy[candidate] = relative_error(runners[candidate](), exact)
         except Exception as error:  # noqa: BLE001
             errors[candidate] = error
 
@@ -202,6 +205,38 @@ def _first_calls(runners: Dict[Candidate, Callable[[], torch.Tensor]], device: t
     for candidate, error in errors.items():
         dropped[candidate.label()] = _error_text(error)
         runners.pop(candidate)
+    return accuracy
+
+
+# A candidate's output may be off the exact (fp64) result by at most this many times the error of
+# the least exact dense candidate (cuDNN in the policy's dtype, or with TF32 where it is allowed),
+# plus ERROR_FLOOR (fp32 kernels summing in another order than cuDNN).
+ERROR_RATIO = 2.0
+ERROR_FLOOR = 1e-5
+
+
+def _exact_output(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], spec: ConvSpec, relu: bool,
+                  residual: Optional[torch.Tensor]) -> torch.Tensor:
+    """act(conv(x, weight) + bias + residual) in float64: what every candidate's output is held to."""
+    exact = reference_conv(x, weight, bias, stride=spec.stride, padding=spec.padding, dilation=spec.dilation,
+                           groups=spec.groups, fp64=True)
+    if residual is not None:
+        exact = exact + residual.double()
+    return exact.clamp(min=0) if relu else exact
+
+
+def _drop_inaccurate(errors: Dict[Candidate, float], runners: Dict[Candidate, Callable[[], torch.Tensor]],
+                     dropped: Dict[str, str]) -> None:
+    """Drop every sparse candidate whose relative error against the fp64 output is over ERROR_RATIO x
+    the largest dense candidate's + ERROR_FLOOR (e.g. a TF32 kernel whose reduction order loses more
+    than cuDNN's TF32 does)."""
+    dense = max((error for candidate, error in errors.items() if candidate.backend in DENSE_BACKENDS), default=0.0)
+    limit = ERROR_RATIO * dense + ERROR_FLOOR
+    for candidate, error in errors.items():
+        if candidate.backend not in DENSE_BACKENDS and not error <= limit:
+            dropped[candidate.label()] = (f"relative error {error:.2e} against fp64, over {ERROR_RATIO:g}x the "
+                                          f"dense candidates' {dense:.2e} + {ERROR_FLOOR:g}")
+            runners.pop(candidate)
 
 
 def _to_measure(probes: Dict[Candidate, float], drop_ratio: float, measure_top: int,
@@ -230,8 +265,9 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     """Time each candidate on input `x` (N, C, H, W) and weight (K, C // groups, R, S).
 
     Each is first run once untimed (all first calls before any timing, several at a time on CUDA,
-    as they compile), then once timed (`timer.probe`); one that raises, or whose one run is over
-    `drop_ratio` x the fastest one run, is dropped. Fully benchmarked (`timer.measure`): the dense
+    as they compile, each output checked against the fp64 one), then once timed (`timer.probe`); one
+    that raises, errs by more than `_drop_inaccurate` allows, or whose one run is over `drop_ratio`
+    x the fastest one run, is dropped. Fully benchmarked (`timer.measure`): the dense
     candidates (always the `dense` baseline) and the `measure_top` fastest others by their probe.
     relu / residual (None or the output's shape): the fused epilogue every candidate computes.
     clock: gets the wall seconds of each stage ("bind <backend>": packing the weight and binding,
@@ -254,7 +290,8 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         except Exception as error:  # noqa: BLE001
             dropped[candidate.label()] = _error_text(error)
     with clock.phase("first calls"):
-        _first_calls(runners, x.device, dropped)
+        errors = _first_calls(runners, x.device, dropped, _exact_output(x, weight, bias, spec, relu, residual))
+        _drop_inaccurate(errors, runners, dropped)
     probes: Dict[Candidate, float] = {}
     with clock.phase("probes"):
         for candidate, runner in runners.items():
