@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from sparsecnn.backends.tensorcore.format import ORDERS, UnitWeights
-from sparsecnn.backends.tensorcore.tma_kernel import (TILE_SHAPES, tma_eligible, tma_shape_ok, tma_unit_conv, unit_at,
-                                                      unit_list, unit_slots)
+from sparsecnn.backends.tensorcore.tma_kernel import (TILE_SHAPES, group_units, tma_eligible, tma_shape_ok,
+                                                      tma_unit_conv, unit_at, unit_slots)
 from sparsecnn.core.checks import check_residual, check_triton_input, config_from_dict
 from sparsecnn.core.op_support import output_shape
 
@@ -99,12 +99,9 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_sta
     offs_c = tl.arange(0, CHUNK)
     offs_g = tl.arange(0, GROUP)
     acc = tl.zeros((BLOCK_M, GROUP), dtype=tl.float32)
-    start = tl.load(group_start_ptr + group)
-    end = tl.load(group_start_ptr + group + 1)
-    taps, chunks = unit_list(unit_tap_ptr, unit_chunk_ptr, start, end - start, max(SLOTS, 1))
+    start, end, taps, chunks = group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS)
     for unit in range(start, end):
-        tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, SLOTS)
-        c0 *= CHUNK
+        tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK, SLOTS)
         h = h_base + tap // kernel_w
         w = w_base + tap % kernel_w
         inside = in_m & (h >= 0) & (h < H) & (w >= 0) & (w < W)

@@ -30,24 +30,27 @@ def unit_slots(max_units: int) -> int:
 
 
 @triton.jit
-def unit_list(unit_tap_ptr, unit_chunk_ptr, start, count, SLOTS: tl.constexpr):
-    """A group's units' taps and chunk indices, (SLOTS,) int32 each, 0 past `count` (SLOTS > 0)."""
-    slots = tl.arange(0, SLOTS)
-    taps = tl.load(unit_tap_ptr + start + slots, mask=slots < count, other=0)
-    chunks = tl.load(unit_chunk_ptr + start + slots, mask=slots < count, other=0)
-    return taps, chunks
+def group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS: tl.constexpr):
+    """(start, end, taps, chunks) of `group`: its units are start .. end - 1; with SLOTS > 0 their
+    taps and chunk indices, (SLOTS,) int32 each, copied into registers (0 past the group's end)."""
+    start = tl.load(group_start_ptr + group)
+    end = tl.load(group_start_ptr + group + 1)
+    slots = tl.arange(0, max(SLOTS, 1))
+    taps = tl.load(unit_tap_ptr + start + slots, mask=slots < end - start, other=0)
+    chunks = tl.load(unit_chunk_ptr + start + slots, mask=slots < end - start, other=0)
+    return start, end, taps, chunks
 
 
 @triton.jit
-def unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, SLOTS: tl.constexpr):
-    """(tap, chunk index) of `unit`: from the register copy `unit_list` made when SLOTS > 0, so the
-    next units' operand loads, which the software pipeline issues ahead, wait on no memory access
-    for their addresses; else loaded from memory."""
+def unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK: tl.constexpr, SLOTS: tl.constexpr):
+    """(tap, first input channel) of `unit`: from the register copy `group_units` made when
+    SLOTS > 0, so the next units' operand loads, which the software pipeline issues ahead, wait on
+    no memory access for their addresses; else loaded from memory."""
     if SLOTS > 0:
         here = tl.arange(0, SLOTS) == unit - start
-        return tl.sum(tl.where(here, taps, 0), axis=0), tl.sum(tl.where(here, chunks, 0), axis=0)
+        return tl.sum(tl.where(here, taps, 0), axis=0), tl.sum(tl.where(here, chunks, 0), axis=0) * CHUNK
     else:
-        return tl.load(unit_tap_ptr + unit), tl.load(unit_chunk_ptr + unit)
+        return tl.load(unit_tap_ptr + unit), tl.load(unit_chunk_ptr + unit) * CHUNK
 
 
 @triton.jit
@@ -63,12 +66,9 @@ def _tma_unit_conv_kernel(x_desc, w_desc, y_desc, residual_desc, bias_ptr, unit_
     p0 = (tile // tiles_q % tiles_p) * TILE_H
     n = tile // (tiles_q * tiles_p)
     acc = tl.zeros((TILE_H * TILE_W, GROUP), dtype=tl.float32)
-    start = tl.load(group_start_ptr + group)
-    end = tl.load(group_start_ptr + group + 1)
-    taps, chunks = unit_list(unit_tap_ptr, unit_chunk_ptr, start, end - start, max(SLOTS, 1))
+    start, end, taps, chunks = group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS)
     for unit in range(start, end):
-        tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, SLOTS)
-        c0 *= CHUNK
+        tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK, SLOTS)
         r = tap // kernel_w
         a = x_desc.load([n, p0 + r - pad_h, q0 + tap - r * kernel_w - pad_w, c0])
         b = w_desc.load([unit * CHUNK, 0])
