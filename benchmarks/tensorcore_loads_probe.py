@@ -1,7 +1,9 @@
 """Probe (issue 45): the `tensorcore` kernel's two load paths on ResNet-50's DLMC layers, fp16,
 against cuDNN fp16 NHWC (bias fused) in the same run: "pointer" (rows of flattened pixels gathered
 by address) and "tma" (spatial tiles through the tensor memory accelerator, stride-1 layers) at
-several launches and packings. One JSON line per timing; the probe prints each.
+several launches and packings; and, once, an empty Triton kernel in the same harness (backend
+"empty-kernel": the fixed time any one-kernel layer pays here, launch and L2 refill after the
+flush). One JSON line per timing; the probe prints each.
 
 Usage: python benchmarks/tensorcore_loads_probe.py OUT.jsonl BATCH [LAYER,...|all]
 """
@@ -11,6 +13,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from sparsecnn.backends.tensorcore.format import pack_units
 from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig, unit_conv
@@ -36,6 +40,11 @@ specs = {s.name: s for s in get_suite("resnet50", batch)}
 out = open(out_path, "a")
 
 
+@triton.jit
+def _empty_kernel(y_ptr):
+    tl.store(y_ptr + tl.program_id(0), 0.0)
+
+
 def emit(spec, backend, config, timing, err, extra=None):
     row = {**base, "layer": spec.name, "N": spec.N, "C": spec.C, "K": spec.K, "H": spec.H, "W": spec.W,
            "R": spec.R, "S": spec.S, "stride": spec.stride[0], "padding": spec.padding[0],
@@ -45,6 +54,9 @@ def emit(spec, backend, config, timing, err, extra=None):
     print(f"{spec.name:22s} {backend:11s} {timing['median_ms'] * 1e3:7.1f} us err {err:.1e} {config}")
 
 
+sink = torch.empty(1, device=device)
+emit(specs[wanted[0]], "empty-kernel", None,
+     benchmark(lambda: _empty_kernel[(1,)](sink), device, hide_launch=True), float("nan"))
 for name in wanted:
     spec = specs[name]
     gen = torch.Generator().manual_seed(1234)

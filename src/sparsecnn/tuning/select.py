@@ -180,7 +180,7 @@ def _error_text(error: Exception) -> str:
 def _first_calls(runners: Dict[Candidate, Callable[[], torch.Tensor]], device: torch.device,
                  dropped: Dict[str, str], exact: torch.Tensor) -> Dict[Candidate, float]:
     """Call each runner once (compiling its kernels), dropping those that raise; returns each
-    one's relative error against `exact` (the fp64 output). On CUDA, one candidate per backend
+    one's relative error against `exact` (the fp64 output of the batch's first image). On CUDA, one candidate per backend
     first (lazy initialisations stay single-threaded), then the rest several at a time; elsewhere
     one by one (Triton's CPU interpreter is not thread-safe)."""
     errors: Dict[Candidate, Exception] = {}
@@ -188,7 +188,7 @@ def _first_calls(runners: Dict[Candidate, Callable[[], torch.Tensor]], device: t
 
     def call(candidate: Candidate) -> None:
         try:  # any failure (a config the hardware refuses, a compile error) drops the candidate
-            accuracy[candidate] = relative_error(runners[candidate](), exact)
+            accuracy[candidate] = relative_error(runners[candidate]()[:1], exact)
         except Exception as error:  # noqa: BLE001
             errors[candidate] = error
 
@@ -217,11 +217,12 @@ ERROR_FLOOR = 1e-5
 
 def _exact_output(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], spec: ConvSpec, relu: bool,
                   residual: Optional[torch.Tensor]) -> torch.Tensor:
-    """act(conv(x, weight) + bias + residual) in float64: what every candidate's output is held to."""
-    exact = reference_conv(x, weight, bias, stride=spec.stride, padding=spec.padding, dilation=spec.dilation,
+    """act(conv(x, weight) + bias + residual) in float64 for the first image of the batch (what each
+    candidate's output is held to: one image keeps the fp64 conv cheap beside the candidates')."""
+    exact = reference_conv(x[:1], weight, bias, stride=spec.stride, padding=spec.padding, dilation=spec.dilation,
                            groups=spec.groups, fp64=True)
     if residual is not None:
-        exact = exact + residual.double()
+        exact = exact + residual[:1].double()
     return exact.clamp(min=0) if relu else exact
 
 
