@@ -9,6 +9,9 @@ epilogue's other path), each time into memory poisoned with NaN (0xFF bytes free
 caching allocator, which the output then reuses, unless PYTORCH_NO_CUDA_MEMORY_CACHING=1, under
 which memcheck sees each tensor as its own allocation and initcheck sees unwritten outputs read).
 
+Besides each backend's default config, the configs in `OTHER_PATHS` run too: kernels a default
+config does not reach (backend `tensorcore`'s TMA kernel).
+
 Usage: python3 scripts/sanitize_layers.py [BACKEND...]   (default: every registered backend)
 """
 import sys
@@ -29,6 +32,15 @@ C, K, H, W, R, SPARSITY = 8, 16, 9, 9, 3, 0.9
 
 if not torch.cuda.is_available():
     sys.exit("sanitize_layers.py needs a CUDA GPU")
+
+
+def _tensorcore_tma():
+    from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig
+
+    return TensorCoreConfig(group=16, chunk=16, block_m=64, order="index", loads="tma")
+
+
+OTHER_PATHS = {"tensorcore": [("tensorcore-tma", _tensorcore_tma)]}  # backend -> [(label, config maker)]
 device = torch.device("cuda")
 generator = torch.Generator().manual_seed(0)
 weight = torch.randn(K, C, R, R, generator=generator)
@@ -48,9 +60,11 @@ def poison(nbytes: int) -> None:
 
 failures = []
 names = sys.argv[1:] or list(backend_names())
+runs = [(name, name, None) for name in names]  # (label, backend, config maker: None for the default)
+runs += [(label, name, make) for name in names for label, make in OTHER_PATHS.get(name, [])]
 print(f"layer N={'/'.join(map(str, BATCHES))} C={C} K={K} H=W={H} {R}x{R} pad 1, {SPARSITY:.0%} sparse, nnz={int((weight != 0).sum())}; "
-      f"backends: {', '.join(names)}", flush=True)
-for name in names:
+      f"runs: {', '.join(label for label, _, _ in runs)}", flush=True)
+for run_label, name, make_config in runs:
     offered = get_backend(name).dtypes.get("cuda", ())
     for label, dtype in DTYPES.items():
         if dtype not in offered:
@@ -62,7 +76,8 @@ for name in names:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # a fallback to dense would not run the backend at all
-                layer = SparseConv2d(weight.to(device, dtype), bias.to(device, dtype), padding=1, backend=name)
+                layer = SparseConv2d(weight.to(device, dtype), bias.to(device, dtype), padding=1, backend=name,
+                                     config=make_config() if make_config else None)
                 xd, rd = x.to(device, dtype), residual.to(device, dtype)
                 with torch.no_grad():
                     poison(4 * N * K * H * W)
@@ -80,8 +95,8 @@ for name in names:
         except Exception as error:  # one broken backend must not hide the others
             ok, status, detail = False, "ERROR", f"{type(error).__name__}: {str(error)[:300]}"
         if not ok:
-            failures.append(f"{name} {label}")
-        print(f"{name:22s} {label} N={N:<2d}: {status:5s} {detail} ({time.perf_counter() - start:.1f} s)", flush=True)
+            failures.append(f"{run_label} {label}")
+        print(f"{run_label:22s} {label} N={N:<2d}: {status:5s} {detail} ({time.perf_counter() - start:.1f} s)", flush=True)
 
 print(f"sanitize_layers: {len(failures)} failed{': ' + ', '.join(failures) if failures else ''}", flush=True)
 sys.exit(1 if failures else 0)

@@ -415,7 +415,7 @@ GPU_TMA_SHAPES = [  # (N, C, K, H, R, stride, padding): stride 1, K and C off th
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("dtype,precision", GPU_MODES[1:], ids=str)
+@pytest.mark.parametrize("dtype,precision", GPU_MODES, ids=str)
 @pytest.mark.parametrize("shape", GPU_TMA_SHAPES, ids=str)
 def test_gpu_every_tma_config(shape, dtype, precision):
     """Every TMA config the tuner may pick on stride-1 odd shapes, plain and with residual + ReLU."""

@@ -217,8 +217,8 @@ def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     only under a policy that allows TF32. TMA configs are left out (within 9% of the pointer
     kernel, `_TMA_LAUNCHES`: not worth a compile each in tuning). Support order is left out: its
     scattered stores made every one of ResNet-50's 16 probed layers 1.5-14x slower than the same
-    units stored contiguously
-    (benchmarks/tensorcore_store_probe.py), so masks for this backend keep channel-run tiles."""
+    units stored contiguously (benchmarks/tensorcore_store_probe.py), so masks for this backend keep
+    channel-run tiles."""
     configs = [config for config in candidate_configs(spec, dtype)
                if (config.block_m, config.num_warps, config.num_stages) == _LAUNCHES[0] and config.order == "index"
                and config.loads == "pointer"]
