@@ -9,6 +9,7 @@ import sys
 from helpers.common import ROOT, SRC
 
 BENCHMARKS = ROOT / "benchmarks"
+SUBPROCESS_SITE = os.path.join(os.path.dirname(__file__), "subprocess_site")  # its sitecustomize
 
 
 def script_module(name: str):
@@ -23,8 +24,10 @@ def script_module(name: str):
 
 
 def run_script(name: str, tmp_path, *args, timeout_s: int = 120) -> subprocess.CompletedProcess:
-    """`python benchmarks/<name>.py ARGS` in tmp_path on the CPU (TRITON_INTERPRET=1); asserts exit 0."""
-    env = {**os.environ, "PYTHONPATH": SRC, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    """`python benchmarks/<name>.py ARGS` in tmp_path on the CPU (TRITON_INTERPRET=1, the suite's
+    interpreter set-up: `subprocess_site`); asserts exit 0."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SUBPROCESS_SITE, str(SRC)]), "TRITON_INTERPRET": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=timeout_s, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
