@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One device call for the open issues: the `gpu`-marked tests, the codegen tables (fp32 and fp16),
-# the re-pruning speed study through `blocks`, and the end-to-end model benchmarks. Installs nothing.
+# One device call for the open issues: the codegen tables (fp32 and fp16), the re-pruning speed
+# study through `blocks`, the end-to-end model benchmarks, and the `gpu` tests of TEST_FILES (the
+# whole `gpu` suite: scripts/gpu-test.sh). Installs nothing.
 # At most 8 files come back from $OUT, so each stage writes one log and one JSON-lines file.
 # Usage: OUT=out SPARSECNN_COMMIT=<hash> bash scripts/gpu-session.sh STAGE...
 #   <hash>: the commit as `git rev-parse --short HEAD` prints it on the machine that sent the tree,
 #   written literally into the command (the device's copy of .git can be stale).
-#   stages: model (MODEL_ARGS) models-sweep artefact load-profile tests tests-api tests-tune tests-files (TEST_FILES) codegen codegen-r50 profile reprune models models-more
+#   stages: model (MODEL_ARGS) models-sweep artefact load-profile tests-files (TEST_FILES) codegen codegen-r50 profile reprune models models-more
 SELF=$(realpath "$0")
 source "$(dirname "$0")/device-env.sh"
 export SPARSECNN_CACHE_DIR=${SPARSECNN_CACHE_DIR:-/tmp/sparsecnn-cache}
@@ -25,14 +26,6 @@ for stage in "$@"; do
     [ "$stage" = models-more-untimed ] && stage=models-more-list
     start=$SECONDS
     case $stage in
-    tests)
-        # kernels first, whole-model tuning last; -v names each test as it starts, and a test running
-        # over 120 s has its stack dumped, so a timeout still says where the time went
-        timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=20 \
-            -o faulthandler_timeout=120 tests/test_direct.py tests/test_blocks.py tests/test_codegen.py \
-            tests/test_codegen_fp16.py tests/test_ops.py tests/test_nn.py tests/test_autotune.py \
-            tests/test_artifact.py >"$OUT/gpu-tests.log" 2>&1
-        grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -n 40 ;;
     codegen)
         python3 scripts/bench_codegen.py --out "$OUT/codegen.jsonl" --budget-s "${CODEGEN_BUDGET_S:-200}" ${CODEGEN_ARGS:-} \
             >"$OUT/codegen.log" 2>&1 || echo "FAILED: bench_codegen"
@@ -96,15 +89,6 @@ m = build_model('resnet50'); apply_dlmc_(m, 'magnitude_pruning-0.9', 0); torch.s
         python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(60)" \
             /tmp/load.prof >"$OUT/load-profile.txt" 2>&1
         head -n 40 "$OUT/load-profile.txt" | tail -n 30 ;;
-    tests-api)  # the GPU tests above the kernels: ops (every backend through its op), nn, tuning, artefacts
-        timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
-            -o faulthandler_timeout=120 tests/test_ops.py tests/test_nn.py tests/test_autotune.py tests/test_artifact.py \
-            >"$OUT/gpu-tests.log" 2>&1
-        grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -n 20 ;;
-    tests-tune)  # the GPU tests of whole-model tuning and artefacts only
-        timeout "${TESTS_TIMEOUT_S:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider --durations=10 \
-            tests/test_autotune.py tests/test_artifact.py >"$OUT/gpu-tests.log" 2>&1
-        grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu-tests.log" | tail -n 20 ;;
     *) echo "unknown stage $stage" ;;
     esac
     echo "stage $stage: $((SECONDS - start)) s"
