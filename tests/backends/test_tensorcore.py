@@ -366,6 +366,13 @@ def gpu_limit(x, weight, bias, stride, padding, precision):
     return 2 * own + 1e-5
 
 
+def gpu_spec(shape):
+    """The ConvSpec of a GPU test shape (N, C, K, H, R, stride, padding), square, N at least 1 (the
+    configs a layer is offered do not depend on N)."""
+    N, C, K, H, R, stride, padding = shape
+    return ConvSpec(max(N, 1), C, K, H, H, R, R, stride, padding)
+
+
 def check_gpu_layer(shape, dtype, config, epilogues):
     N, C, K, H, R, stride, padding = shape
     spec = ConvSpec(N, C, K, H, H, R, R, stride, padding)
@@ -392,8 +399,7 @@ def check_gpu_layer(shape, dtype, config, epilogues):
 def test_gpu_every_candidate_config(dtype, precision):
     """Every config the tuner may pick (all packings on this layer), with residual and ReLU."""
     shape = (2, 64, 96, 14, 3, 2, 1)
-    spec = ConvSpec(*shape[:4], shape[3], shape[4], shape[4], *shape[5:])
-    for config in candidate_configs(spec, dtype):
+    for config in candidate_configs(gpu_spec(shape), dtype):
         check_gpu_layer(shape, dtype, dataclasses.replace(config, precision=precision), [(True, True)])
 
 
@@ -402,8 +408,7 @@ def test_gpu_every_candidate_config(dtype, precision):
 @pytest.mark.parametrize("dtype,precision", GPU_MODES, ids=str)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
 def test_gpu_odd_shapes(shape, dtype, precision):
-    N, C, K, H, R, stride, padding = shape
-    config = candidate_configs(ConvSpec(max(N, 1), C, K, H, H, R, R, stride, padding), dtype)[0]
+    config = candidate_configs(gpu_spec(shape), dtype)[0]
     check_gpu_layer(shape, dtype, dataclasses.replace(config, precision=precision), [(False, False), (True, True)])
 
 
@@ -419,9 +424,7 @@ GPU_TMA_SHAPES = [  # (N, C, K, H, R, stride, padding): stride 1, K and C off th
 @pytest.mark.parametrize("shape", GPU_TMA_SHAPES, ids=str)
 def test_gpu_every_tma_config(shape, dtype, precision):
     """Every TMA config the tuner may pick on stride-1 odd shapes, plain and with residual + ReLU."""
-    N, C, K, H, R, stride, padding = shape
-    configs = [c for c in candidate_configs(ConvSpec(max(N, 1), C, K, H, H, R, R, stride, padding), dtype)
-               if c.loads == "tma"]
+    configs = [c for c in candidate_configs(gpu_spec(shape), dtype) if c.loads == "tma"]
     assert configs
     for config in configs:
         check_gpu_layer(shape, dtype, dataclasses.replace(config, precision=precision),
