@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 45 on a GPU machine: backend tensorcore's GPU tests, then the 16 DLMC ResNet-50 layers
-# re-pruned into tiles of 64 rows x units of 32 channels (0.9), every config, cuDNN in the same run,
+# re-pruned into channel-run tiles of 64 rows x 32 channels in index order (0.9), every config, cuDNN in the same run,
 # torch.sparse BSR beside it (fp16/bf16). One JSON-lines file per stage under $OUT.
 # Usage: OUT=out SPARSECNN_COMMIT=<hash> [PATTERN=...] [CONFIGS=all|auto] bash benchmarks/tensorcore-layers.sh [STAGE...]
 #   stages: tests fp16 bf16 tf32 fp16-n1 (default: all, in that order of importance: fp16 first)
@@ -8,7 +8,7 @@ source "$(dirname "$0")/../scripts/device-env.sh"
 unset TRITON_INTERPRET
 commit=${SPARSECNN_COMMIT:-unknown}
 layers=$(python3 -c "from sparsecnn.layers.suites import DLMC_STUDY_LAYERS; print(','.join(DLMC_STUDY_LAYERS))")
-pattern=${PATTERN:-tiles64x32-dlmc-magnitude_pruning}
+pattern=${PATTERN:-tiles64x32i-dlmc-magnitude_pruning}
 
 bench() {  # DTYPE BATCH PEERS TIMEOUT_S
     local out="$OUT/tensorcore-$1-n$2-$commit.jsonl"
