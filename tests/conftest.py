@@ -10,6 +10,7 @@ import tempfile
 import pytest
 import torch
 from helpers.common import GPU_SKIP, IN_CI, OPTIONAL_PREFIX, missing, require
+from helpers.subprocess_site.interpreter_speedups import apply as apply_interpreter_speedups
 
 # Autotune decisions of test runs go to throwaway directories, never the user's cache: one per process
 # (what module and session fixtures tune), and a fresh one per test (`_own_tuning_cache`), so no test
@@ -26,13 +27,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.e
     os.environ["OMP_NUM_THREADS"] = str(_threads)
     torch.set_num_threads(_threads)
 
-# Triton's interpreter redoes every int32 add, sub and mul of a kernel in int64 to check it for
-# overflow: a third of an interpreted kernel's time. Test shapes are tiny, so no index comes near
-# 2**31 and the check can find nothing here; the large shapes run compiled, in the `gpu` tests.
-if os.environ.get("TRITON_INTERPRET") == "1":
-    from triton.runtime import interpreter as _interpreter
-
-    _interpreter.interpreter_builder.options = _interpreter.InterpreterOptions(sanitize_overflow=False)
+apply_interpreter_speedups()  # under TRITON_INTERPRET=1 only
 
 _SKIPS = {"gpu": [], "optional": [], "other": []}  # (test id, reason) of each skip, by kind
 
