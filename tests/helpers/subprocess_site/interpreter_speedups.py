@@ -23,7 +23,8 @@ def _patch_builtins_by_name(interpreter, tl) -> None:
     interpreter lists each module's members with `inspect.getmembers` (a sort of ~500 names) to find
     its builtins, a quarter of an interpreted kernel's time where helpers run in the loops. The
     builtins' names never change, so they are listed once, from the modules as imported (unpatched),
-    and each call patches the same names in the same (sorted) order as the original."""
+    and each call patches the same names in the same (sorted) order as the original. A module is
+    patched whole or not at all, so one name tells whether it already is (inside a kernel it is)."""
     original = getattr(interpreter, "_patch_builtin", None)
     if original is None or getattr(original, "by_name", False):
         return
@@ -38,7 +39,10 @@ def _patch_builtins_by_name(interpreter, tl) -> None:
         builtin_names(pkg)
 
     def patch_builtin(pkg, builder, scope):
-        for name in builtin_names(pkg):
+        listed = builtin_names(pkg)
+        if not listed or not tl.core.is_builtin(getattr(pkg, listed[0])):
+            return
+        for name in listed:
             member = getattr(pkg, name)
             if tl.core.is_builtin(member):
                 interpreter._patch_attr(pkg, name, member, builder, scope)
