@@ -49,3 +49,28 @@ def _patch_builtins_by_name(interpreter, tl) -> None:
 
     patch_builtin.by_name = True
     interpreter._patch_builtin = patch_builtin
+    _skip_repatching_in_helpers(interpreter, tl, builtin_names)
+
+
+def _skip_repatching_in_helpers(interpreter, tl, builtin_names) -> None:
+    """A jit helper called inside a kernel re-runs the whole patch (builtins, tensor methods, range,
+    reduce) over modules the kernel's launch has patched already, with the same state-free
+    replacements, and drops the result. When every module the helper sees is patched, that is
+    skipped; otherwise (or at a launch) the original runs."""
+    original = interpreter._patch_lang
+    langs_of = {}
+    always = (tl.tensor, tl.core.tensor_descriptor_base)
+
+    def patched(pkg):
+        listed = builtin_names(pkg)
+        return bool(listed) and not tl.core.is_builtin(getattr(pkg, listed[0]))
+
+    def patch_lang(fn):
+        if fn not in langs_of:
+            langs_of[fn] = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
+        langs = langs_of[fn]
+        if langs and all(patched(pkg) for pkg in (*langs, *always)):
+            return interpreter._LangPatchScope()
+        return original(fn)
+
+    interpreter._patch_lang = patch_lang
