@@ -220,7 +220,8 @@ def test_kernel_matches_fp64_on_odd_shapes(N, C, K, H, W, R, stride, padding):
 @pytest.mark.parametrize("config", [TensorCoreConfig(g, c, m, w, s, order=o) for g, c, m, w, s, o in
                                     [(16, 16, 32, 4, 3, "support"), (32, 16, 64, 4, 3, "index"),
                                      (64, 16, 32, 8, 2, "support"), (16, 32, 128, 4, 3, "index"),
-                                     (32, 64, 32, 4, 3, "support")]], ids=str)
+                                     (32, 64, 32, 4, 3, "support")]]
+                         + [TensorCoreConfig(16, 16, 32, 4, 3, order="index", unroll=u) for u in (2, 4)], ids=str)
 def test_kernel_every_tile_shape_with_residual_and_relu(config):
     N, C, K, H, R = 2, 24, 40, 9, 3
     weight = unit_weight(K, C, R, R, config.group, config.chunk, keep=0.5, scatter=0.05)
@@ -255,6 +256,25 @@ def test_tma_kernel_matches_fp64_on_odd_shapes(N, C, K, H, W, R, padding):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("unroll", [2, 4])
+@pytest.mark.parametrize("N,C,K,H,W,R,stride,padding", [ODD_SHAPES[i] for i in (0, 3, 5, 6)])
+def test_unrolled_loop_matches_fp64_on_odd_shapes(N, C, K, H, W, R, stride, padding, unroll):
+    """Groups whose unit count is not a multiple of `unroll` (the units past a group's end are
+    masked)."""
+    config = TensorCoreConfig(group=16, chunk=16, block_m=32, unroll=unroll)
+    weight = unit_weight(K, C, R, R, 16, 16, keep=0.3, scatter=0.05, seed=unroll)
+    packed = pack_units(weight, 16, 16, "support")
+    counts = set((packed.group_start[1:] - packed.group_start[:-1]).tolist())
+    assert any(count % unroll for count in counts)
+    x, bias = inputs((N, C, H, W)), torch.randn(K)
+    y = unit_conv(x, packed, (stride, stride), (padding, padding), config, bias=bias)
+    ref = expected(x, weight, bias, stride, padding)
+    assert y.shape == ref.shape
+    if N:
+        assert relative_error(y, ref) < 1e-5
+
+
+@needs_interpreter
 @pytest.mark.parametrize("loads", ["pointer", "tma"])
 def test_kernels_load_units_one_by_one_past_64_per_group(loads):
     """A group of 98 units (2 chunks x 7 x 7 taps, all kept) is past the register slots."""
@@ -264,7 +284,8 @@ def test_kernels_load_units_one_by_one_past_64_per_group(loads):
     packed = pack_units(weight, 16, 16, "index")
     assert packed.max_units == 98 and unit_slots(packed.max_units) == 0
     x = inputs((1, 32, 5, 6))
-    config = TensorCoreConfig(group=16, chunk=16, block_m=64, order="index", loads=loads)
+    config = TensorCoreConfig(group=16, chunk=16, block_m=64, order="index", loads=loads,
+                              unroll=4 if loads == "pointer" else 1)
     y = unit_conv(x, packed, (1, 1), (3, 3), config)
     assert relative_error(y, expected(x, weight, None, 1, 3)) < 1e-5
 

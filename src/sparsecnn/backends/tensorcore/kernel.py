@@ -29,6 +29,7 @@ from sparsecnn.core.op_support import output_shape
 GROUPS = (16, 32, 64, 128)
 CHUNKS = (16, 32, 64)  # tl.dot needs a reduction step of at least 16 for fp16/bf16
 BLOCK_MS = (32, 64, 128, 256)
+UNROLLS = (1, 2, 4)
 PRECISIONS = ("ieee", "tf32")
 LOADS = ("pointer", "tma")
 
@@ -44,7 +45,9 @@ class TensorCoreConfig:
     through a channel map) or "index" (channel runs, contiguous stores); loads: how operands reach
     shared memory, "pointer" (this module's kernel: gathered rows of BLOCK_M flattened pixels) or
     "tma" (`tma_kernel`: boxes of a spatial tile of block_m pixels through the tensor memory
-    accelerator, where `tma_kernel.tma_eligible` holds; the pointer kernel elsewhere).
+    accelerator, where `tma_kernel.tma_eligible` holds; the pointer kernel elsewhere);
+    unroll: units per loop iteration of the pointer kernel, one of UNROLLS (their loads issue
+    together, so a group's serial chain of load latencies is that many times shorter).
     (group, chunk, order) shape the packed weight (`packing`); the others only the launch."""
 
     group: int = 64
@@ -55,11 +58,12 @@ class TensorCoreConfig:
     precision: str = "ieee"
     order: str = "support"
     loads: str = "pointer"
+    unroll: int = 1
 
     def __post_init__(self):
         for name, allowed in (("group", GROUPS), ("chunk", CHUNKS), ("block_m", BLOCK_MS),
                               ("num_warps", (4, 8)), ("num_stages", (2, 3, 4, 5)), ("precision", PRECISIONS),
-                              ("order", ORDERS), ("loads", LOADS)):
+                              ("order", ORDERS), ("loads", LOADS), ("unroll", UNROLLS)):
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:
                 raise ValueError(f"TensorCoreConfig.{name} must be one of {allowed}, got {value!r}")
@@ -86,7 +90,7 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_sta
                       BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, ROW_ALIGN: tl.constexpr,
                       EVEN_C: tl.constexpr, PERMUTED: tl.constexpr, HAS_BIAS: tl.constexpr,
                       HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr,
-                      SLOTS: tl.constexpr):
+                      SLOTS: tl.constexpr, UNROLL: tl.constexpr):
     pid = tl.program_id(0)
     group = pid % num_groups
     offs_m = (pid // num_groups) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -100,19 +104,23 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_sta
     offs_g = tl.arange(0, GROUP)
     acc = tl.zeros((BLOCK_M, GROUP), dtype=tl.float32)
     start, end, taps, chunks = group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS)
-    for unit in range(start, end):
-        tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK, SLOTS)
-        h = h_base + tap // kernel_w
-        w = w_base + tap % kernel_w
-        inside = in_m & (h >= 0) & (h < H) & (w >= 0) & (w < W)
-        row = tl.multiple_of(image + (h * W + w) * C + c0, ROW_ALIGN)
-        if EVEN_C:
-            a_mask = inside[:, None]
-        else:
-            a_mask = inside[:, None] & ((c0 + offs_c) < C)[None, :]
-        a = tl.load(x_ptr + row[:, None] + offs_c[None, :], mask=a_mask, other=0.0)
-        b = tl.load(values_ptr + unit * (CHUNK * GROUP) + offs_c[:, None] * GROUP + offs_g[None, :])
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    for first in range(start, end, UNROLL):
+        for step in tl.static_range(UNROLL):
+            unit = first + step
+            present = unit < end
+            tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK, SLOTS, present)
+            h = h_base + tap // kernel_w
+            w = w_base + tap % kernel_w
+            inside = in_m & (h >= 0) & (h < H) & (w >= 0) & (w < W) & present
+            row = tl.multiple_of(image + (h * W + w) * C + c0, ROW_ALIGN)
+            if EVEN_C:
+                a_mask = inside[:, None]
+            else:
+                a_mask = inside[:, None] & ((c0 + offs_c) < C)[None, :]
+            a = tl.load(x_ptr + row[:, None] + offs_c[None, :], mask=a_mask, other=0.0)
+            b = tl.load(values_ptr + unit * (CHUNK * GROUP) + offs_c[:, None] * GROUP + offs_g[None, :],
+                        mask=present, other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if PERMUTED:
         channel = tl.load(out_channel_ptr + group * GROUP + offs_g)
         channel_ok = channel >= 0
@@ -176,7 +184,7 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
         BLOCK_M=config.block_m, GROUP=config.group, CHUNK=config.chunk, ROW_ALIGN=_row_align(C, config.chunk),
         EVEN_C=C % config.chunk == 0, PERMUTED=packed.permuted, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, RELU=relu, PRECISION=precision, SLOTS=unit_slots(packed.max_units),
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        UNROLL=config.unroll, num_warps=config.num_warps, num_stages=config.num_stages)
     return y
 
 

@@ -42,15 +42,18 @@ def group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS: tl.
 
 
 @triton.jit
-def unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK: tl.constexpr, SLOTS: tl.constexpr):
+def unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK: tl.constexpr, SLOTS: tl.constexpr,
+            present=True):
     """(tap, first input channel) of `unit`: from the register copy `group_units` made when
     SLOTS > 0, so the next units' operand loads, which the software pipeline issues ahead, wait on
-    no memory access for their addresses; else loaded from memory."""
+    no memory access for their addresses; else loaded from memory. (0, 0) where `present` is
+    False (a unit past the group's end in an unrolled loop)."""
     if SLOTS > 0:
         here = tl.arange(0, SLOTS) == unit - start
         return tl.sum(tl.where(here, taps, 0), axis=0), tl.sum(tl.where(here, chunks, 0), axis=0) * CHUNK
     else:
-        return tl.load(unit_tap_ptr + unit), tl.load(unit_chunk_ptr + unit) * CHUNK
+        return (tl.load(unit_tap_ptr + unit, mask=present, other=0),
+                tl.load(unit_chunk_ptr + unit, mask=present, other=0) * CHUNK)
 
 
 @triton.jit
