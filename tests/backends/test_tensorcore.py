@@ -169,12 +169,22 @@ def test_unit_slots_hold_a_group_in_a_power_of_two_up_to_64():
 
 @pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="imports triton")
 def test_auto_configs_one_launch_per_packing_and_tf32_only_for_fp32():
-    spec = ConvSpec(1, 256, 256, 14, 14, 3, 3)
+    spec = ConvSpec(32, 256, 256, 56, 56, 3, 3, 1, 1)  # 1,568 pixel tiles of 64: more than any GPU has SMs
     half = auto_configs(spec, torch.float16)
     index_packings = {c.packing for c in candidate_configs(spec, torch.float16) if c.order == "index"}
     assert len(half) == 5 and {c.packing for c in half} == index_packings
-    assert all(c.precision == "ieee" and c.loads == "pointer" for c in half)
+    assert all(c.precision == "ieee" and c.loads == "pointer" and c.unroll == 1 for c in half)
     assert {c.precision for c in auto_configs(spec, torch.float32)} == {"tf32"}
+
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="imports triton")
+def test_few_pixel_tiles_add_the_unrolled_launch_per_packing():
+    spec = ConvSpec(1, 256, 256, 14, 14, 3, 3, 1, 1)  # 4 pixel tiles of 64
+    half = auto_configs(spec, torch.float16)
+    unrolled = [c for c in half if c.unroll > 1]
+    assert len(half) == 10 and {c.packing for c in unrolled} == {c.packing for c in half if c.unroll == 1}
+    assert all(c.unroll == 4 and c.order == "index" for c in unrolled)
+    assert set(unrolled) <= set(candidate_configs(spec, torch.float16))
 
 
 def test_tuner_offers_tensorcore_in_fp32_only_where_tf32_is_allowed():
@@ -183,7 +193,7 @@ def test_tuner_offers_tensorcore_in_fp32_only_where_tf32_is_allowed():
     from sparsecnn.tuning.precision import POLICIES
     from sparsecnn.tuning.select import candidates_for
 
-    spec = ConvSpec(1, 256, 256, 14, 14, 3, 3)
+    spec = ConvSpec(32, 256, 256, 56, 56, 3, 3, 1, 1)
     def picked(policy):
         return [c.config for c in candidates_for(spec, POLICIES[policy], "cuda") if c.backend == "tensorcore"]
     assert picked("fp32") == []

@@ -23,6 +23,7 @@ import triton.language as tl
 from sparsecnn.backends.tensorcore.format import ORDERS, UnitWeights
 from sparsecnn.backends.tensorcore.tma_kernel import (TILE_SHAPES, group_units, tma_eligible, tma_shape_ok,
                                                       tma_unit_conv, unit_at, unit_slots)
+from sparsecnn.core import device
 from sparsecnn.core.checks import check_residual, check_triton_input, config_from_dict
 from sparsecnn.core.op_support import output_shape
 
@@ -107,19 +108,24 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_sta
     for first in range(start, end, UNROLL):
         for step in tl.static_range(UNROLL):
             unit = first + step
-            present = unit < end
+            present = unit < end  # the last iteration of an unrolled loop may pass the group's end
             tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK, SLOTS, present)
             h = h_base + tap // kernel_w
             w = w_base + tap % kernel_w
-            inside = in_m & (h >= 0) & (h < H) & (w >= 0) & (w < W) & present
+            inside = in_m & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+            if UNROLL > 1:
+                inside = inside & present
             row = tl.multiple_of(image + (h * W + w) * C + c0, ROW_ALIGN)
             if EVEN_C:
                 a_mask = inside[:, None]
             else:
                 a_mask = inside[:, None] & ((c0 + offs_c) < C)[None, :]
             a = tl.load(x_ptr + row[:, None] + offs_c[None, :], mask=a_mask, other=0.0)
-            b = tl.load(values_ptr + unit * (CHUNK * GROUP) + offs_c[:, None] * GROUP + offs_g[None, :],
-                        mask=present, other=0.0)
+            b_pointers = values_ptr + unit * (CHUNK * GROUP) + offs_c[:, None] * GROUP + offs_g[None, :]
+            if UNROLL > 1:
+                b = tl.load(b_pointers, mask=present, other=0.0)
+            else:
+                b = tl.load(b_pointers)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if PERMUTED:
         channel = tl.load(out_channel_ptr + group * GROUP + offs_g)
@@ -198,13 +204,26 @@ _PACKINGS = ((64, 32), (64, 64), (32, 32), (64, 16), (128, 32))
 # benchmarks/results/2026-11-29-h200-tensorcore-loads-fp16-n32-register-units.jsonl): within 9% of the pointer
 # kernel on every layer, ahead by 7-8% on two (layer1.0.conv2, layer1.0.conv3).
 _TMA_LAUNCHES = ((64, 4, 3), (128, 4, 3))
+# Launch (block_m, num_warps, num_stages, unroll) for layers with fewer pixel tiles of 64 than the
+# GPU has SMs, where a group's serial chain of unit loads sets the time. Probe (H200, fp16, N=32,
+# benchmarks/results/2026-12-04-h200-tensorcore-launch-probe-fp16-n32-c78de62.jsonl): 4 units per
+# iteration took layer4.0.conv2 14.7 -> 12.4 us and layer4.1.conv2 15.6 -> 12.7 us (7x7 pixels, 25
+# tiles), and cost 1.2-2.1x on every layer of 98 or more tiles.
+_SMALL_GRID_LAUNCH = (64, 4, 3, 4)
+
+
+def _few_pixel_tiles(spec) -> bool:
+    """Whether the layer has fewer pixel tiles of `_SMALL_GRID_LAUNCH`'s block_m than the current
+    GPU (an H100 without one) has SMs."""
+    return spec.N * spec.P * spec.Q < _SMALL_GRID_LAUNCH[0] * device.resolve(None).sm_count
 
 
 def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     """Configs for the autotuner, default first: every packing of _PACKINGS whose group and chunk
     do not exceed the layer's K and C (rounded up to a power of two, at least 16), in both channel
     orders (support order packs fewer units, index order stores contiguously: which wins is
-    measured), with every launch of _LAUNCHES; then, where `tma_kernel.tma_shape_ok` holds for the
+    measured), with every launch of _LAUNCHES; index-order packings at _SMALL_GRID_LAUNCH where the
+    layer has fewer pixel tiles than the GPU has SMs; then, where `tma_kernel.tma_shape_ok` holds for the
     layer in `dtype`, each index-order packing through the TMA kernel at _TMA_LAUNCHES. fp32
     configs carry "ieee" (the tuner adds "tf32" variants where the precision policy allows)."""
     groups = max(16, 1 << (spec.K - 1).bit_length())
@@ -212,6 +231,9 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     packings = list(dict.fromkeys((min(g, groups), min(c, chunks)) for g, c in _PACKINGS))
     configs = [TensorCoreConfig(g, c, m, w, st, order=order) for order in ("support", "index")
                for g, c in packings for m, w, st in _LAUNCHES]
+    if _few_pixel_tiles(spec):
+        configs += [TensorCoreConfig(g, c, *_SMALL_GRID_LAUNCH[:3], order="index", unroll=_SMALL_GRID_LAUNCH[3])
+                    for g, c in packings]
     itemsize = torch.empty((), dtype=dtype).element_size()
     configs += [TensorCoreConfig(g, c, m, w, st, order="index", loads="tma") for g, c in packings
                 if tma_shape_ok(spec.C, spec.K, spec.stride, itemsize, c, g) for m, w, st in _TMA_LAUNCHES]
@@ -220,16 +242,18 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
 
 def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     """What `backend="auto"` tries: every packing in index order at the default launch (the probe's
-    most frequent winner, within 1% elsewhere), so tuning a model costs one compile per packing; for
+    most frequent winner, within 1% elsewhere), so tuning a model costs one compile per packing, and
+    at _SMALL_GRID_LAUNCH where `candidate_configs` offers it (a second compile per packing); for
     fp32 only the TF32 variants (exact fp32 on FMA units never beat cuDNN), which the tuner offers
     only under a policy that allows TF32. TMA configs are left out (within 9% of the pointer
     kernel, `_TMA_LAUNCHES`: not worth a compile each in tuning). Support order is left out: its
     scattered stores made every one of ResNet-50's 16 probed layers 1.5-14x slower than the same
     units stored contiguously (benchmarks/tensorcore_store_probe.py), so masks for this backend keep
     channel-run tiles."""
+    launches = (_LAUNCHES[0] + (1,), _SMALL_GRID_LAUNCH)
     configs = [config for config in candidate_configs(spec, dtype)
-               if (config.block_m, config.num_warps, config.num_stages) == _LAUNCHES[0] and config.order == "index"
-               and config.loads == "pointer"]
+               if (config.block_m, config.num_warps, config.num_stages, config.unroll) in launches
+               and config.order == "index" and config.loads == "pointer"]
     if dtype == torch.float32:
         configs = [dataclasses.replace(config, precision="tf32") for config in configs]
     return configs
