@@ -26,7 +26,7 @@ import torch
 import sparsecnn
 from sparsecnn.core.reference import relative_error
 from sparsecnn.nn import SparseConv2d
-from sparsecnn.prune import prune_magnitude_
+from sparsecnn.prune import TileParams, prune_magnitude_, reprune_tiles_
 from sparsecnn.tuning.timing import benchmark, eager_benchmark
 
 MODELS = ("resnet50", "googlenet", "mobilenet_v2", "efficientnet_b0", "vgg16", "regnet_y_400mf")
@@ -35,27 +35,35 @@ BATCHES = (32, 1)
 COMPILE_MODE = "max-autotune"
 CALIBRATION_BATCHES = 4
 SPARSITY = 0.9
+# How the groups=1 convs are pruned to SPARSITY: "random": the random weights by magnitude;
+# "tiles64x32i": into tiles of 64 output channels in index order x units of 32 input channels, chosen
+# by magnitude (the masks `sparsecnn prune --method reprune-tiles --tile 64 --chunk 32` makes; backend
+# tensorcore runs their kept units).
+PATTERNS = {"random": None, "tiles64x32i": TileParams(tile=64, sparsity=SPARSITY, order="none", chunk=32)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """One cell of the table: a torchvision model name, "fp32" or "fp16", and the batch size N."""
+    """One cell of the table: a torchvision model name, "fp32" or "fp16", the batch size N, and the
+    pruning (a key of PATTERNS)."""
 
     model: str
     dtype: str
     batch: int
+    pattern: str = "random"
 
     @classmethod
     def parse(cls, spec: str) -> "Cell":
-        """"MODEL:DTYPE:BATCH", e.g. "resnet50:fp16:32"."""
+        """"MODEL:DTYPE:BATCH[:PATTERN]", e.g. "resnet50:fp16:32" or "resnet50:fp16:32:tiles64x32i"."""
         parts = spec.split(":")
-        if len(parts) != 3 or parts[1] not in DTYPES or not parts[2].isdigit() or int(parts[2]) < 1:
-            raise ValueError(f"cell {spec!r}: expected MODEL:DTYPE:BATCH with DTYPE one of {', '.join(DTYPES)} "
-                             "and BATCH >= 1")
-        return cls(parts[0], parts[1], int(parts[2]))
+        if (len(parts) not in (3, 4) or parts[1] not in DTYPES or not parts[2].isdigit() or int(parts[2]) < 1
+                or (len(parts) == 4 and parts[3] not in PATTERNS)):
+            raise ValueError(f"cell {spec!r}: expected MODEL:DTYPE:BATCH[:PATTERN] with DTYPE one of "
+                             f"{', '.join(DTYPES)}, BATCH >= 1 and PATTERN one of {', '.join(PATTERNS)}")
+        return cls(parts[0], parts[1], int(parts[2]), *parts[3:])
 
     def __str__(self) -> str:
-        return f"{self.model}:{self.dtype}:{self.batch}"
+        return f"{self.model}:{self.dtype}:{self.batch}" + (f":{self.pattern}" if self.pattern != "random" else "")
 
 
 def default_cells() -> List[Cell]:
@@ -85,15 +93,20 @@ class Setup:
     hw: int = 224
 
 
-def pruned(name: str, setup: Setup) -> torch.nn.Module:
-    """The model with random weights, every groups=1 conv magnitude-pruned to 0.9, and BatchNorm
-    statistics calibrated on random inputs (CALIBRATION_BATCHES in train mode, on the device), as a
+def pruned(name: str, setup: Setup, pattern: str = "random") -> torch.nn.Module:
+    """The model with random weights, every groups=1 conv pruned to 0.9 as PATTERNS[pattern] says,
+    and BatchNorm statistics calibrated on random inputs (CALIBRATION_BATCHES in train mode, on the device), as a
     trained model's would be: with the initial statistics (mean 0, variance 1) activations grow layer
     by layer and overflow fp16 (mobilenet_v2 and efficientnet_b0 gave rel_err 1.0, the dense model's
     too). Returned on the CPU in eval mode."""
     torch.manual_seed(0)
     model = setup.load(name)
-    prune_magnitude_(model, SPARSITY, filter_fn=lambda _, module: module.groups == 1)
+    if PATTERNS[pattern] is None:
+        prune_magnitude_(model, SPARSITY, filter_fn=lambda _, module: module.groups == 1)
+    else:
+        convs = {name: torch.ones_like(module.weight, dtype=torch.bool) for name, module in model.named_modules()
+                 if isinstance(module, torch.nn.Conv2d) and module.groups == 1}
+        reprune_tiles_(model, convs, PATTERNS[pattern])
     for module in model.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             module.momentum = None  # a plain average over the calibration batches
@@ -149,7 +162,7 @@ def cell_rows(cell: Cell, setup: Setup, row: Callable[..., dict]) -> List[dict]:
     makes each (`result_row` with the run's environment and id)."""
     stored = DTYPES[cell.dtype]
     layout = torch.channels_last if cell.dtype == "fp16" else torch.contiguous_format
-    model = pruned(cell.model, setup)
+    model = pruned(cell.model, setup, cell.pattern)
     x = torch.randn(cell.batch, 3, setup.hw, setup.hw, device=setup.device)
     with torch.no_grad():
         ref = copy.deepcopy(model).to(setup.device).double()(x.double())
@@ -192,7 +205,7 @@ def result_row(env: dict, run: str, cell: Cell, backend: str, mode: str, stats: 
     dtype = "tf32" if cell.dtype == "fp32" else cell.dtype
     return {**env, "run": run, "kind": "model", "suite": "torchvision", "layer": None, "model": cell.model,
             "N": cell.batch, "C": None, "K": None, "H": None, "W": None, "R": None, "S": None, "stride": None,
-            "padding": None, "dtype": dtype, "sparsity": SPARSITY, "pattern": "random", "backend": backend,
+            "padding": None, "dtype": dtype, "sparsity": SPARSITY, "pattern": cell.pattern, "backend": backend,
             "config": config, "mode": mode, "median_ms": stats["median_ms"], "p20_ms": stats.get("p20_ms"),
             "p80_ms": stats.get("p80_ms"), "rel_err": err, "floor_ms": None}
 

@@ -3,9 +3,10 @@
 (cells, models and rows: `torchvision_cells.py`).
 
 Usage (GPU machine, a script without a `__main__` guard on purpose):
-    python benchmarks/torchvision_table.py OUT.jsonl BUDGET_S [MODEL:DTYPE:BATCH ...]
+    python benchmarks/torchvision_table.py OUT.jsonl BUDGET_S [MODEL:DTYPE:BATCH[:PATTERN] ...]
 Without cells, every one: resnet50, googlenet, mobilenet_v2, efficientnet_b0, vgg16 and
-regnet_y_400mf in fp16 and fp32 at N=32 and N=1. A cell is started only while BUDGET_S seconds have
+regnet_y_400mf in fp16 and fp32 at N=32 and N=1, pruned at random (PATTERN "tiles64x32i": into the
+tiles backend tensorcore runs, `torchvision_cells.PATTERNS`). A cell is started only while BUDGET_S seconds have
 not passed since the script began. One JSON line per (cell, backend, mode): the results schema of
 ARCHITECTURE.md, backend "cudnn" (the model as given), "inductor" (it under max-autotune; config
 {"compile_mode", "compile_s"}) or "auto" (ours; config: `torchvision_cells.ours_config`), mode

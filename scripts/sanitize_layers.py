@@ -10,7 +10,7 @@ caching allocator, which the output then reuses, unless PYTORCH_NO_CUDA_MEMORY_C
 which memcheck sees each tensor as its own allocation and initcheck sees unwritten outputs read).
 
 Besides each backend's default config, the configs in `OTHER_PATHS` run too: kernels a default
-config does not reach (backend `tensorcore`'s TMA kernel).
+config does not reach (backend `tensorcore`'s TMA kernel and its unrolled loop).
 
 Usage: python3 scripts/sanitize_layers.py [BACKEND...]   (default: every registered backend)
 """
@@ -40,7 +40,14 @@ def _tensorcore_tma():
     return TensorCoreConfig(group=16, chunk=16, block_m=64, order="index", loads="tma")
 
 
-OTHER_PATHS = {"tensorcore": [("tensorcore-tma", _tensorcore_tma)]}  # backend -> [(label, config maker)]
+def _tensorcore_unrolled():
+    from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig
+
+    return TensorCoreConfig(group=16, chunk=16, block_m=64, order="index", unroll=4)
+
+
+OTHER_PATHS = {"tensorcore": [("tensorcore-tma", _tensorcore_tma),  # backend -> [(label, config maker)]
+                              ("tensorcore-unrolled", _tensorcore_unrolled)]}
 device = torch.device("cuda")
 generator = torch.Generator().manual_seed(0)
 weight = torch.randn(K, C, R, R, generator=generator)

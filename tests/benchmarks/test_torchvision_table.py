@@ -21,10 +21,28 @@ def test_the_default_cells_are_the_issue_46_table():
     default = cells.parse_cells([])
     assert len(default) == len(wanted) == 24 and set(default) == wanted
     assert cells.parse_cells(["vgg16:fp16:1"]) == [cells.Cell("vgg16", "fp16", 1)]
+    tiles = cells.parse_cells(["resnet50:fp16:32:tiles64x32i"])
+    assert tiles == [cells.Cell("resnet50", "fp16", 32, "tiles64x32i")] and str(tiles[0]) == "resnet50:fp16:32:tiles64x32i"
+
+
+def test_tiles_cells_prune_into_whole_units_of_channel_runs():
+    """"tiles64x32i": each run of 64 output channels keeps whole units (32 input channels at one tap),
+    but for one partial unit per layer that makes the kept count exact."""
+    def load(name):
+        return nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                             nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.Conv2d(128, 256, 1))
+
+    model = cells.pruned("net", cells.Setup(torch.device("cpu"), load=load, hw=8), "tiles64x32i")
+    for conv in (model[3], model[5]):
+        K, C, R, S = conv.weight.shape
+        kept = conv.weight.ne(0).reshape(K // 64, 64, C // 32, 32, R, S)
+        partial = kept.any(dim=3).any(dim=1) & ~kept.all(dim=3).all(dim=1)
+        assert kept.all(dim=3).all(dim=1).sum() >= 1 and partial.sum() <= 1
+        assert kept.float().mean().item() == pytest.approx(0.1, abs=0.02)
 
 
 @pytest.mark.parametrize("spec", ["resnet50:fp16", "resnet50:bf16:32", "resnet50:fp32:0",
-                                  "resnet50:fp32:32:max-autotune"])
+                                  "resnet50:fp32:32:max-autotune", "resnet50:fp32:32:tiles:1"])
 def test_a_malformed_cell_is_refused_by_name(spec):
     with pytest.raises(ValueError, match=f"cell '{spec}': expected MODEL:DTYPE:BATCH"):
         cells.parse_cells([spec])
