@@ -38,21 +38,25 @@ def _patch_builtins_by_name(interpreter, tl) -> None:
     for pkg in (tl, tl.core, tl.tensor, tl.math, tl.core.tensor_descriptor_base):
         builtin_names(pkg)
 
-    def patch_builtin(pkg, builder, scope):
+    def patched(pkg):
+        """Whether `pkg`'s builtins are replaced already (a module without builtins never is)."""
         listed = builtin_names(pkg)
-        if not listed or not tl.core.is_builtin(getattr(pkg, listed[0])):
+        return bool(listed) and not tl.core.is_builtin(getattr(pkg, listed[0]))
+
+    def patch_builtin(pkg, builder, scope):
+        if not builtin_names(pkg) or patched(pkg):
             return
-        for name in listed:
+        for name in builtin_names(pkg):
             member = getattr(pkg, name)
             if tl.core.is_builtin(member):
                 interpreter._patch_attr(pkg, name, member, builder, scope)
 
     patch_builtin.by_name = True
     interpreter._patch_builtin = patch_builtin
-    _skip_repatching_in_helpers(interpreter, tl, builtin_names)
+    _skip_repatching_in_helpers(interpreter, tl, patched)
 
 
-def _skip_repatching_in_helpers(interpreter, tl, builtin_names) -> None:
+def _skip_repatching_in_helpers(interpreter, tl, patched) -> None:
     """A jit helper called inside a kernel re-runs the whole patch (builtins, tensor methods, range,
     reduce) over modules the kernel's launch has patched already, with the same state-free
     replacements, and drops the result. When every module the helper sees is patched, that is
@@ -60,10 +64,6 @@ def _skip_repatching_in_helpers(interpreter, tl, builtin_names) -> None:
     original = interpreter._patch_lang
     langs_of = {}
     always = (tl.tensor, tl.core.tensor_descriptor_base)
-
-    def patched(pkg):
-        listed = builtin_names(pkg)
-        return bool(listed) and not tl.core.is_builtin(getattr(pkg, listed[0]))
 
     def patch_lang(fn):
         if fn not in langs_of:
