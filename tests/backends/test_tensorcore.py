@@ -187,6 +187,26 @@ def test_few_pixel_tiles_add_the_unrolled_launch_per_packing():
     assert set(unrolled) <= set(candidate_configs(spec, torch.float16))
 
 
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="imports triton")
+def test_unrolled_launches_fit_shared_memory():
+    """fp32 operands of the wide packings at 4 units x 3 stages pass shared memory (the 64 x 64
+    packing failed to launch on an H200); they are not offered, the fp16 ones are."""
+    from sparsecnn.core import device
+
+    limit = device.resolve(None).max_shared_per_block_optin
+    spec = ConvSpec(1, 256, 256, 14, 14, 3, 3, 1, 1)
+    for dtype, itemsize in ((torch.float32, 4), (torch.float16, 2)):
+        unrolled = [c for c in candidate_configs(spec, dtype) if c.unroll > 1]
+        assert unrolled
+        for c in unrolled:
+            assert c.num_stages * c.unroll * (c.block_m * c.chunk + c.chunk * c.group) * itemsize <= limit
+    def unrolled_packings(dtype):
+        return {c.packing[:2] for c in candidate_configs(spec, dtype) if c.unroll > 1}
+
+    assert (64, 64) not in unrolled_packings(torch.float32)  # 384 KB by the bound
+    assert ((64, 64) in unrolled_packings(torch.float16)) == (limit >= 192 * 1024)  # Hopper: 227 KB
+
+
 def test_tuner_offers_tensorcore_in_fp32_only_where_tf32_is_allowed():
     if not (INTERPRET or torch.cuda.is_available()):
         pytest.skip("imports triton")

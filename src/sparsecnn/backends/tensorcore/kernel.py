@@ -218,12 +218,21 @@ def _few_pixel_tiles(spec) -> bool:
     return spec.N * spec.P * spec.Q < _SMALL_GRID_LAUNCH[0] * device.resolve(None).sm_count
 
 
+def _operands_fit(block_m: int, group: int, chunk: int, num_stages: int, unroll: int, itemsize: int) -> bool:
+    """Whether num_stages copies of an iteration's operands (unroll x (block_m x chunk input +
+    chunk x group weights), itemsize bytes each) fit the current GPU's shared memory per block: a
+    bound on what Triton's pipeline allocates. Unrolled fp32 launches of wide packings pass it
+    (H200: the 64 x 64 packing at 4 units and 3 stages asked for 256 KB of 227 KB)."""
+    needed = num_stages * unroll * (block_m * chunk + chunk * group) * itemsize
+    return needed <= device.resolve(None).max_shared_per_block_optin
+
+
 def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     """Configs for the autotuner, default first: every packing of _PACKINGS whose group and chunk
     do not exceed the layer's K and C (rounded up to a power of two, at least 16), in both channel
     orders (support order packs fewer units, index order stores contiguously: which wins is
     measured), with every launch of _LAUNCHES; index-order packings at _SMALL_GRID_LAUNCH where the
-    layer has fewer pixel tiles than the GPU has SMs; then, where `tma_kernel.tma_shape_ok` holds for the
+    layer has fewer pixel tiles than the GPU has SMs and its operands fit shared memory; then, where `tma_kernel.tma_shape_ok` holds for the
     layer in `dtype`, each index-order packing through the TMA kernel at _TMA_LAUNCHES. fp32
     configs carry "ieee" (the tuner adds "tf32" variants where the precision policy allows)."""
     groups = max(16, 1 << (spec.K - 1).bit_length())
@@ -231,10 +240,11 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     packings = list(dict.fromkeys((min(g, groups), min(c, chunks)) for g, c in _PACKINGS))
     configs = [TensorCoreConfig(g, c, m, w, st, order=order) for order in ("support", "index")
                for g, c in packings for m, w, st in _LAUNCHES]
-    if _few_pixel_tiles(spec):
-        configs += [TensorCoreConfig(g, c, *_SMALL_GRID_LAUNCH[:3], order="index", unroll=_SMALL_GRID_LAUNCH[3])
-                    for g, c in packings]
     itemsize = torch.empty((), dtype=dtype).element_size()
+    if _few_pixel_tiles(spec):
+        block_m, warps, stages, unroll = _SMALL_GRID_LAUNCH
+        configs += [TensorCoreConfig(g, c, block_m, warps, stages, order="index", unroll=unroll) for g, c in packings
+                    if _operands_fit(block_m, g, c, stages, unroll, itemsize)]
     configs += [TensorCoreConfig(g, c, m, w, st, order="index", loads="tma") for g, c in packings
                 if tma_shape_ok(spec.C, spec.K, spec.stride, itemsize, c, g) for m, w, st in _TMA_LAUNCHES]
     return list(dict.fromkeys(configs))
