@@ -145,6 +145,10 @@ def _cmd_prune(args) -> None:
         raise ValueError("MODEL is a checkpoint already; leave out --from")
     get_method(args.method)
     _tile_option(args)
+    if args.unit_shapes is not None:
+        if args.method != "reprune-select":
+            raise ValueError(f"--unit-shapes applies to --method reprune-select only, got --method {args.method}")
+        _unit_selection(args.unit_shapes)
     _quantizer(args.quantize)
     device = _device(args)
     if device == "cuda":
@@ -159,6 +163,19 @@ def _cmd_prune(args) -> None:
             layer_sparsities)
     finally:
         close()
+
+
+def _unit_selection(text: str):
+    """`--unit-shapes` "16x16,32x32" -> UnitSelectionConfig(shapes=((16, 16), (32, 32))) (ValueError
+    naming the flag for anything else)."""
+    from sparsecnn.prune import UnitSelectionConfig
+
+    try:
+        shapes = tuple(tuple(int(part) for part in item.split("x")) for item in text.split(","))
+        return UnitSelectionConfig(shapes=shapes)
+    except ValueError as error:
+        raise ValueError(f"--unit-shapes must be TILExCHUNK pairs such as 16x16,32x32,64x32 (tile 16, 32 or 64; "
+                         f"chunk 8, 16 or 32), got {text!r}: {error}") from None
 
 
 def _tile_option(args) -> dict:
@@ -227,9 +244,11 @@ def _prune_digits(args, source, name, checkpoint, device, base, layer_sparsities
     options = {} if args.finetune_epochs is None else {"epochs": args.finetune_epochs}
     options.update(_tile_option(args))
     if args.method == "reprune-select":
-        from sparsecnn.tuning import block_gains
+        from sparsecnn.tuning import block_gains, tensorcore_gains
 
         options["measure_gains"] = block_gains
+        if args.unit_shapes is not None:
+            options.update(units=_unit_selection(args.unit_shapes), measure_unit_speed=tensorcore_gains)
     masks = prune_with(args.method, model, split, args.sparsity, seed=args.seed, progress=True,
                        batch_size=args.batch_size, train=base, **options)
     _finish(args, name, model, masks, checkpoint, start_top1, lambda m: top1_accuracy(m, split), split.train_x[:256])
@@ -431,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="reprune-tiles: how output channels are grouped into tiles, greedy (by mask "
                             "similarity) or none (consecutive channels; the default with --chunk > 1, the "
                             "order backend tensorcore stores fast)")
+    prune.add_argument("--unit-shapes", default=None,
+                       help="reprune-select: search these tensor-core unit shapes TILExCHUNK (e.g. "
+                            "16x16,32x32,64x32) per conv by backend tensorcore's measured speed, within the "
+                            "accuracy budget, instead of OptPrune's blocks")
     prune.add_argument("--data", default="digits",
                        help="digits, imagefolder:PATH (PATH/<class>/<image>, or PATH/train + PATH/val) or "
                             "cifar10:PATH (torchvision's CIFAR-10 python format)")

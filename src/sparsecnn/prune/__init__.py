@@ -11,6 +11,7 @@ from sparsecnn.prune.report import format_sparsity_report, sparsity_report
 from sparsecnn.prune.resume import RunState
 from sparsecnn.prune.reprune import benefits, knapsack, reprune_, reprune_layer
 from sparsecnn.prune.selection import SelectionConfig, SelectionReport, layers_to_reprune, search_b3
+from sparsecnn.prune.unit_selection import UnitSelectionConfig, UnitSelectionReport, search_units, unit_plans
 from sparsecnn.prune.targets import layer_sparsities, pruned_layers
 from sparsecnn.prune.tiles import TileDecomposition, TileGroup, TileParams, reprune_tiles, reprune_tiles_
 from sparsecnn.prune.training import TrainConfig, classification_loss, top1_evaluator, train_epochs
@@ -25,6 +26,8 @@ __all__ = [
     "RunState",
     "SelectionConfig",
     "SelectionReport",
+    "UnitSelectionConfig",
+    "UnitSelectionReport",
     "absorb_torch_prune_",
     "admm_prune_",
     "apply_dlmc_",
@@ -56,10 +59,12 @@ __all__ = [
     "reprune_",
     "reprune_layer",
     "search_b3",
+    "search_units",
     "reprune_tiles",
     "reprune_tiles_",
     "save_pruned",
     "sparsity_report",
     "top1_evaluator",
     "train_epochs",
+    "unit_plans",
 ]

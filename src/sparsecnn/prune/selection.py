@@ -11,7 +11,8 @@ The B3 search follows the paper's parameter tuning: start large (aggressive), re
 the selected layers, and take the first B3 whose accuracy on a held-out part of the training data is
 within `accuracy_budget` points of the unstructured pruned model; when none is, the unstructured
 masks stay (B3 = 0). Method "reprune-select" (`methods`) runs it after magnitude pruning; the
-choice is logged and kept as `model.sparsecnn_selection` (`SelectionReport`).
+choice is logged and kept as `model.sparsecnn_selection` (`SelectionReport`). Given `units`, the
+method searches tensor-core unit shapes instead (`unit_selection`, `UnitSelectionReport`).
 """
 from __future__ import annotations
 
@@ -28,10 +29,15 @@ from sparsecnn.prune.distributed import broadcast_tensors_
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.reprune import reprune_
 from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
+from sparsecnn.prune.unit_selection import (
+    MeasureGains,
+    UnitSelectionConfig,
+    measure_unit_gains,
+    search_units,
+    unit_plans,
+)
 
 _LOG = logging.getLogger(__name__)
-# (model, example inputs, conv paths) -> {conv path: dense ms / blocks ms}
-MeasureGains = Callable[[nn.Module, tuple, List[str]], Dict[str, float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,33 +117,50 @@ def search_b3(model: nn.Module, masks: Masks, layers: List[str], config: Selecti
 def reprune_select_method(model: nn.Module, split, sparsity, seed: int = 0, progress: bool = False,
                           epochs: Optional[int] = None, batch_size: int = 64, lr: float = 0.01, t2: int = 4,
                           retrain_epochs: int = 4, selection: Optional[SelectionConfig] = None,
-                          measure_gains: Optional[MeasureGains] = None, train: Optional[TrainConfig] = None) -> Masks:
+                          measure_gains: Optional[MeasureGains] = None, train: Optional[TrainConfig] = None,
+                          units: Optional[UnitSelectionConfig] = None,
+                          measure_unit_speed: Optional[MeasureGains] = None) -> Masks:
     """Pruning method "reprune-select" (see `methods`): "magnitude" on the training data less a held-out
-    part (`selection.holdout`), then the selection rule (module docstring): `measure_gains(model,
-    (a training batch,), conv paths)` (required; `sparsecnn.tuning.block_gains`), `search_b3` with `retrain_epochs` of masked re-training per trial
-    and held-out top-1. Algorithm 1 runs with `BlockParams(t2=t2)` as in "reprune". Returns the
-    chosen masks; the report is logged and set as `model.sparsecnn_selection`."""
+    part (`selection.holdout`, or `units.holdout`), then one of two searches, each with
+    `retrain_epochs` of masked re-training per trial and held-out top-1:
+    - without `units`, OptPrune's rule (module docstring): `measure_gains(model, (a training batch,),
+      conv paths)` (required; `sparsecnn.tuning.block_gains`), then `search_b3`; Algorithm 1 runs
+      with `BlockParams(t2=t2)` as in "reprune";
+    - with `units` (a `UnitSelectionConfig`), the tensor-core unit shapes (`unit_selection`): each
+      shape's re-pruned copy timed by `measure_unit_speed(copy, (a training batch,), conv paths)`
+      (required; `sparsecnn.tuning.tensorcore_gains`), then `search_units` over `unit_plans`.
+    Returns the chosen masks; the report is logged and set as `model.sparsecnn_selection`."""
     from sparsecnn.prune.methods import get_method, top1_accuracy, training_batches
 
-    if measure_gains is None:
+    if units is None and measure_gains is None:
         raise ValueError("reprune-select needs measure_gains, e.g. sparsecnn.tuning.block_gains "
                          "(`sparsecnn prune --method reprune-select` passes it)")
+    if units is not None and measure_unit_speed is None:
+        raise ValueError("reprune-select with units needs measure_unit_speed, e.g. sparsecnn.tuning.tensorcore_gains "
+                         "(`sparsecnn prune --method reprune-select --unit-shapes ...` passes it)")
     selection = selection or SelectionConfig()
-    fit = _holdout_split(split, selection.holdout, seed)
+    fit = _holdout_split(split, (units or selection).holdout, seed)
     masks = get_method("magnitude")(model, fit, sparsity, seed=seed, progress=progress, epochs=epochs,
                                     batch_size=batch_size, lr=lr, train=train)
     convs = [name for name, module in model.named_modules()
              if name in masks and isinstance(module, (nn.Conv1d, nn.Conv2d))]
-    device = next(model.parameters()).device
-    gains = measure_gains(model, (fit.train_x[:batch_size].to(device),), convs)
+    example = (fit.train_x[:batch_size].to(next(model.parameters()).device),)
 
     def retrain(trial: nn.Module, trial_masks: Masks) -> None:
         train_epochs(trial, training_batches(trial, fit, batch_size, seed),
                      (train or TrainConfig()).phase(retrain_epochs, lr, seed, progress), masks=trial_masks,
                      description="reprune-select re-train")
 
-    masks, report = search_b3(model, masks, layers_to_reprune(gains, selection.gain_threshold), selection,
-                              retrain, lambda trial: top1_accuracy(trial, fit), BlockParams(t2=t2))
+    def top1(trial: nn.Module) -> float:
+        return top1_accuracy(trial, fit)
+
+    if units is not None:
+        gains = measure_unit_gains(model, masks, example, convs, units.shapes, measure_unit_speed)
+        masks, report = search_units(model, masks, unit_plans(gains, units.gain_threshold), units, retrain, top1)
+    else:
+        gains = measure_gains(model, example, convs)
+        masks, report = search_b3(model, masks, layers_to_reprune(gains, selection.gain_threshold), selection,
+                                  retrain, top1, BlockParams(t2=t2))
     report.gains = gains
     model.sparsecnn_selection = report
     _LOG.info("reprune-select: %s", report.summary())

@@ -15,7 +15,7 @@ __all__ = ["DEFAULT_DROP_RATIO", "Candidate", "CompileCheck", "EagerTimer", "Lay
            "tf32_flags", "time_one_call", "tune_layer"]
 from sparsecnn.tuning.sparsify import autotune_model, sparsify_  # noqa: E402  (imports the names above)
 
-from sparsecnn.tuning.gains import block_gains  # noqa: E402
+from sparsecnn.tuning.gains import block_gains, tensorcore_gains  # noqa: E402
 from sparsecnn.tuning.compiled import CompileConfig, CompiledModel, compile  # noqa: E402  (uses sparsify)
 
-__all__ += ["CompileConfig", "CompiledModel", "autotune_model", "block_gains", "compile", "sparsify_"]
+__all__ += ["CompileConfig", "CompiledModel", "autotune_model", "block_gains", "compile", "sparsify_", "tensorcore_gains"]
