@@ -23,7 +23,7 @@ from sparsecnn.prune import (
     top1_evaluator,
     train_epochs,
 )
-from sparsecnn.prune import methods as methods_module
+from sparsecnn.prune import registry
 from sparsecnn.prune.methods import top1_accuracy, train_dense_, training_batches
 
 
@@ -120,7 +120,7 @@ def test_per_layer_targets_prune_only_the_named_layers(dense_lenet, small_split)
 
 
 def test_registering_a_method_is_one_line_and_names_are_checked(monkeypatch, small_split):
-    monkeypatch.setattr(methods_module, "_METHODS", dict(methods_module._METHODS))
+    monkeypatch.setattr(registry, "_METHODS", dict(registry._METHODS))
     calls = []
     register_method("record", lambda model, split, sparsity, seed, progress, **options: calls.append(options) or {})
     assert "record" in method_names()

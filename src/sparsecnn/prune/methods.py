@@ -7,7 +7,8 @@ model's); sparsity: one float for `pruned_layers(model)` or {module path: fracti
 the method's own; the built-in ones take `epochs` (None: the tuned default; an int: the length of
 each of its training phases, what `sparsecnn prune --finetune-epochs` sets) and `batch_size`.
 It returns {module path: bool mask} and leaves every weight outside its mask at exactly zero.
-Adding one: `register_method("name", fn)`.
+Adding one: `register_method("name", fn)` (`registry`, below every method: the re-pruning methods
+look up "magnitude" there at call time). The digits-split helpers they share are in `splits`.
 
 `prune_and_finetune` is the entry for any model, any re-iterable batches (a
 `torch.utils.data.DataLoader`) and any loss `(model, batch) -> tensor`; the digits "magnitude"
@@ -19,55 +20,30 @@ share of every batch, and masks are decided on rank 0 and broadcast.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Iterable, Optional, Tuple
 
 from torch import nn
 
-from sparsecnn.data import Batches
-from sparsecnn.prune.distributed import broadcast_tensors_, shard_for_this_rank
 from sparsecnn.prune.admm import admm_prune_
+from sparsecnn.prune.distributed import broadcast_tensors_
 from sparsecnn.prune.evolutionary import evolutionary_prune_
 from sparsecnn.prune.gradual import gradual_phases_, gradual_prune_
 from sparsecnn.prune.magnitude import Masks, magnitude_mask
+from sparsecnn.prune.registry import PruneMethod, get_method, method_names, register_method
 from sparsecnn.prune.reprune import reprune_method
 from sparsecnn.prune.selection import reprune_select_method
-from sparsecnn.prune.tiles import reprune_tiles_method
+from sparsecnn.prune.splits import top1_accuracy, train_dense_, training_batches
 from sparsecnn.prune.targets import SparsityTarget, layer_sparsities, pruned_layers
+from sparsecnn.prune.tiles import reprune_tiles_method
 from sparsecnn.prune.training import (
     Evaluate,
     Loss,
     TrainConfig,
-    accuracy,
     apply_masks_,
     check_reiterable,
     classification_loss,
     train_epochs,
 )
-
-PruneMethod = Callable[..., Masks]
-_METHODS: Dict[str, PruneMethod] = {}
-
-
-def register_method(name: str, fn: PruneMethod, *, replace: bool = False) -> PruneMethod:
-    """Make `fn` available as method `name`; re-registering a name needs `replace=True`."""
-    if not name or not isinstance(name, str):
-        raise ValueError(f"method name must be a non-empty string, got {name!r}")
-    if name in _METHODS and not replace:
-        raise ValueError(f"pruning method {name!r} is already registered")
-    _METHODS[name] = fn
-    return fn
-
-
-def method_names() -> List[str]:
-    """Registered method names, in registration order."""
-    return list(_METHODS)
-
-
-def get_method(name: str) -> PruneMethod:
-    if name not in _METHODS:
-        raise ValueError(f"unknown pruning method {name!r}; expected one of {', '.join(_METHODS)}")
-    return _METHODS[name]
-
 
 def prune_with(method: str, model: nn.Module, split, sparsity: SparsityTarget, seed: int = 0,
                progress: bool = False, **options) -> Masks:
@@ -75,29 +51,6 @@ def prune_with(method: str, model: nn.Module, split, sparsity: SparsityTarget, s
     fn = get_method(method)
     layer_sparsities(model, sparsity)  # bad targets fail here, before any training
     return fn(model, split, sparsity, seed=seed, progress=progress, **options)
-
-
-def training_batches(model: nn.Module, split, batch_size: int = 64, seed: int = 0) -> Iterable:
-    """Shuffled, seeded mini-batches of `batch_size` samples of the split's training part on
-    `model`'s device (a `Batches`); in a distributed run, this rank's part of each of them."""
-    device = next(model.parameters()).device
-    batches = Batches(split.train_x.to(device), split.train_y.to(device), batch_size, shuffle=True, seed=seed)
-    return shard_for_this_rank(batches)
-
-
-def train_dense_(model: nn.Module, split, epochs: int = 8, lr: float = 0.02, seed: int = 0,
-                 batch_size: int = 64, progress: bool = False, train: Optional[TrainConfig] = None) -> None:
-    """Train `model` on the split's training part without masks (the dense starting point);
-    `train` supplies the settings besides epochs, lr and seed (precision, run state, ...)."""
-    train = TrainConfig() if train is None else train
-    train_epochs(model, training_batches(model, split, batch_size, seed),
-                 train.phase(epochs, lr, seed, progress), description="dense")
-
-
-def top1_accuracy(model: nn.Module, split, batch_size: int = 512) -> float:
-    """Top-1 accuracy in percent on the split's test part."""
-    device = next(model.parameters()).device
-    return accuracy(model, Batches(split.test_x.to(device), split.test_y.to(device), batch_size))
 
 
 def _phase(epochs: Optional[int], default: int) -> int:

@@ -52,6 +52,8 @@ from sparsecnn.backends.blocks.format import (
 from sparsecnn.core.csr import CSRWeight
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.distributed import broadcast_tensors_
+from sparsecnn.prune.registry import get_method
+from sparsecnn.prune.splits import training_batches
 from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
 
 C1 = 1.0  # time to write one output row (paper 000, Sec. 5.2: C1 = C2 = 1)
@@ -424,11 +426,6 @@ def reprune_method(model: nn.Module, split, sparsity, seed: int = 0, progress: b
     re-training (paper: < 10). Returns the re-training masks: the kept non-zeros plus every cell of
     the dense blocks, whose zeros re-training may have made non-zero.
     """
-    from sparsecnn.prune.methods import (  # methods registers this function
-        get_method,
-        training_batches,
-    )
-
     masks = get_method("magnitude")(model, split, sparsity, seed=seed, progress=progress, epochs=epochs,
                                     batch_size=batch_size, lr=lr, train=train)
     _, retrain_masks, _ = reprune_(model, masks, b3, BlockParams(t2=t2))

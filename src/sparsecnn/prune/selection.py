@@ -27,7 +27,9 @@ from torch import nn
 from sparsecnn.backends.blocks.format import BlockParams
 from sparsecnn.prune.distributed import broadcast_tensors_
 from sparsecnn.prune.magnitude import Masks
+from sparsecnn.prune.registry import get_method
 from sparsecnn.prune.reprune import reprune_
+from sparsecnn.prune.splits import top1_accuracy, training_batches
 from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
 from sparsecnn.prune.unit_selection import (
     MeasureGains,
@@ -130,8 +132,6 @@ def reprune_select_method(model: nn.Module, split, sparsity, seed: int = 0, prog
       shape's re-pruned copy timed by `measure_unit_speed(copy, (a training batch,), conv paths)`
       (required; `sparsecnn.tuning.tensorcore_gains`), then `search_units` over `unit_plans`.
     Returns the chosen masks; the report is logged and set as `model.sparsecnn_selection`."""
-    from sparsecnn.prune.methods import get_method, top1_accuracy, training_batches
-
     if units is None and measure_gains is None:
         raise ValueError("reprune-select needs measure_gains, e.g. sparsecnn.tuning.block_gains "
                          "(`sparsecnn prune --method reprune-select` passes it)")

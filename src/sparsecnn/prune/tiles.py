@@ -45,6 +45,8 @@ from torch import nn
 from sparsecnn.backends.blocks.extraction import provide_blocks
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.distributed import broadcast_tensors_
+from sparsecnn.prune.registry import get_method
+from sparsecnn.prune.splits import training_batches
 from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
 
 TILE_SIZES = (16, 32, 64)
@@ -378,11 +380,6 @@ def reprune_tiles_method(model: nn.Module, split, sparsity, seed: int = 0, progr
     target, fine-tune `epochs`, default 8), then `reprune_tiles_` of the convs at the same kept count
     (`TileParams(tile, None, remainder, order, chunk)`), then `retrain_epochs` (default: `epochs` when given,
     else 4) of masked re-training. Returns the tile masks (convs) and the magnitude masks (others)."""
-    from sparsecnn.prune.methods import (  # methods registers this function
-        get_method,
-        training_batches,
-    )
-
     params = TileParams(tile=tile, sparsity=None, remainder=remainder, order=order, chunk=chunk)
     masks = get_method("magnitude")(model, split, sparsity, seed=seed, progress=progress, epochs=epochs,
                                     batch_size=batch_size, lr=lr, train=train)
