@@ -16,7 +16,6 @@ method searches tensor-core unit shapes instead (`unit_selection`, `UnitSelectio
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
@@ -25,12 +24,12 @@ import torch
 from torch import nn
 
 from sparsecnn.backends.blocks.format import BlockParams
-from sparsecnn.prune.distributed import broadcast_tensors_
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.registry import get_method
 from sparsecnn.prune.reprune import reprune_
 from sparsecnn.prune.splits import top1_accuracy, training_batches
-from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
+from sparsecnn.prune.training import TrainConfig, train_epochs
+from sparsecnn.prune.trials import first_within_budget
 from sparsecnn.prune.unit_selection import (
     MeasureGains,
     UnitSelectionConfig,
@@ -101,19 +100,13 @@ def search_b3(model: nn.Module, masks: Masks, layers: List[str], config: Selecti
     `retrain(copy, masks)`, `top1(copy)`; the first within config.accuracy_budget of `top1(model)`
     is loaded into `model` and its masks returned. None within: `model` and `masks` unchanged.
     The report's gains are left empty for the caller."""
-    baseline = top1(model)
-    trials: List[Tuple[float, float]] = []
-    for b3 in config.b3_values:
-        trial = copy.deepcopy(model)
+    def remask(trial: nn.Module, b3: float) -> Masks:
         _, retrain_masks, _ = reprune_(trial, {name: masks[name] for name in layers}, b3, params)
-        trial_masks = broadcast_tensors_({**masks, **retrain_masks})  # rank 0's re-pruning decisions
-        apply_masks_(trial, trial_masks)
-        retrain(trial, trial_masks)
-        trials.append((b3, top1(trial)))
-        if trials[-1][1] >= baseline - config.accuracy_budget:
-            model.load_state_dict(trial.state_dict())
-            return trial_masks, SelectionReport({}, layers, baseline, trials, b3)
-    return masks, SelectionReport({}, layers, baseline, trials, None)
+        return {**masks, **retrain_masks}
+
+    chosen, baseline, trials, b3 = first_within_budget(model, masks, config.b3_values, remask, retrain, top1,
+                                                       config.accuracy_budget)
+    return chosen, SelectionReport({}, layers, baseline, trials, b3)
 
 
 def reprune_select_method(model: nn.Module, split, sparsity, seed: int = 0, progress: bool = False,

@@ -6,8 +6,8 @@ A shape (tile, chunk) re-prunes a conv into tiles of `tile` consecutive output c
 units of `chunk` input channels at one tap (`prune.tiles`, channel order kept), at the conv's kept
 count. Its gain is dense ms / `tensorcore` ms on the conv's real input: `measure_unit_gains`
 re-prunes a copy of the model per shape and times it with a `MeasureGains` function
-(`sparsecnn.tuning.tensorcore_gains`; tuning sits above prune, so it is passed in). Shapes of a conv at or above `UnitSelectionConfig.gain_threshold` qualify, fastest
-first. Plan k puts every conv on its k-th fastest qualifying shape; a conv with fewer qualifying
+(`sparsecnn.tuning.tensorcore_gains`; tuning sits above prune, so it is passed in). A conv's
+shapes at or above `UnitSelectionConfig.gain_threshold` qualify, fastest first. Plan k puts every conv on its k-th fastest qualifying shape; a conv with fewer qualifying
 shapes keeps its unstructured mask there. The plans are tried in order (re-prune, re-train, score
 on held-out training data, as `search_b3` does) and the first within `accuracy_budget` points of
 the unstructured model is kept; when none is, the unstructured masks stay.
@@ -21,10 +21,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from sparsecnn.prune.distributed import broadcast_tensors_
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.tiles import CHUNK_SIZES, TILE_SIZES, TileParams, reprune_tiles_
-from sparsecnn.prune.training import apply_masks_
+from sparsecnn.prune.trials import first_within_budget
 
 Shape = Tuple[int, int]  # (tile: output channels per tile, chunk: input channels per unit)
 Plan = Dict[str, Shape]  # conv path -> the shape it is re-pruned into
@@ -133,19 +132,10 @@ def reprune_units_(model: nn.Module, masks: Masks, plan: Plan) -> Masks:
 def search_units(model: nn.Module, masks: Masks, plans: List[Plan], config: UnitSelectionConfig,
                  retrain: Callable[[nn.Module, Masks], None],
                  top1: Callable[[nn.Module], float]) -> Tuple[Masks, UnitSelectionReport]:
-    """Try `plans` in order on copies of `model`: `reprune_units_`, `retrain(copy, masks)`,
-    `top1(copy)`; the first within config.accuracy_budget of `top1(model)` is loaded into `model`
-    and its masks returned. None within: `model` and `masks` unchanged. The report's gains are left
-    empty for the caller."""
-    baseline = top1(model)
-    trials: List[Tuple[Plan, float]] = []
-    for plan in plans:
-        trial = copy.deepcopy(model)
-        trial_masks = broadcast_tensors_(reprune_units_(trial, masks, plan))  # rank 0's re-pruning decisions
-        apply_masks_(trial, trial_masks)
-        retrain(trial, trial_masks)
-        trials.append((plan, top1(trial)))
-        if trials[-1][1] >= baseline - config.accuracy_budget:
-            model.load_state_dict(trial.state_dict())
-            return trial_masks, UnitSelectionReport({}, baseline, trials, plan)
-    return masks, UnitSelectionReport({}, baseline, trials, None)
+    """`trials.first_within_budget` over `plans` (each re-pruned by `reprune_units_`) with
+    config.accuracy_budget: the kept plan's masks, or `masks` with `model` unchanged when none is
+    within. The report's gains are left empty for the caller."""
+    chosen, baseline, trials, plan = first_within_budget(
+        model, masks, plans, lambda trial, plan: reprune_units_(trial, masks, plan), retrain, top1,
+        config.accuracy_budget)
+    return chosen, UnitSelectionReport({}, baseline, trials, plan)

@@ -109,11 +109,11 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_sta
         for step in tl.static_range(UNROLL):
             unit = first + step
             present = unit < end  # the last iteration of an unrolled loop may pass the group's end
-            tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK, SLOTS, present)
+            tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, present, CHUNK, SLOTS)
             h = h_base + tap // kernel_w
             w = w_base + tap % kernel_w
             inside = in_m & (h >= 0) & (h < H) & (w >= 0) & (w < W)
-            if UNROLL > 1:
+            if UNROLL > 1:  # one unit per iteration never passes `end`: its loads stay unmasked, as measured
                 inside = inside & present
             row = tl.multiple_of(image + (h * W + w) * C + c0, ROW_ALIGN)
             if EVEN_C:
@@ -221,7 +221,7 @@ def _few_pixel_tiles(spec) -> bool:
 def _operands_fit(block_m: int, group: int, chunk: int, num_stages: int, unroll: int, itemsize: int) -> bool:
     """Whether num_stages copies of an iteration's operands (unroll x (block_m x chunk input +
     chunk x group weights), itemsize bytes each) fit the current GPU's shared memory per block: a
-    bound on what Triton's pipeline allocates. Unrolled fp32 launches of wide packings pass it
+    bound on what Triton's pipeline allocates. Unrolled fp32 launches of wide packings exceed it
     (H200: the 64 x 64 packing at 4 units and 3 stages asked for 256 KB of 227 KB)."""
     needed = num_stages * unroll * (block_m * chunk + chunk * group) * itemsize
     return needed <= device.resolve(None).max_shared_per_block_optin
@@ -232,8 +232,9 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     do not exceed the layer's K and C (rounded up to a power of two, at least 16), in both channel
     orders (support order packs fewer units, index order stores contiguously: which wins is
     measured), with every launch of _LAUNCHES; index-order packings at _SMALL_GRID_LAUNCH where the
-    layer has fewer pixel tiles than the GPU has SMs and its operands fit shared memory; then, where `tma_kernel.tma_shape_ok` holds for the
-    layer in `dtype`, each index-order packing through the TMA kernel at _TMA_LAUNCHES. fp32
+    layer has fewer pixel tiles than the GPU has SMs and the operands fit shared memory; then, where
+    `tma_kernel.tma_shape_ok` holds for the layer in `dtype`, each index-order packing through the
+    TMA kernel at _TMA_LAUNCHES. fp32
     configs carry "ieee" (the tuner adds "tf32" variants where the precision policy allows)."""
     groups = max(16, 1 << (spec.K - 1).bit_length())
     chunks = max(16, 1 << (spec.C - 1).bit_length())

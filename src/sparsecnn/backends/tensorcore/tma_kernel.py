@@ -42,8 +42,8 @@ def group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS: tl.
 
 
 @triton.jit
-def unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK: tl.constexpr, SLOTS: tl.constexpr,
-            present=True):
+def unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, present, CHUNK: tl.constexpr,
+            SLOTS: tl.constexpr):
     """(tap, first input channel) of `unit`: from the register copy `group_units` made when
     SLOTS > 0, so the next units' operand loads, which the software pipeline issues ahead, wait on
     no memory access for their addresses; else loaded from memory. (0, 0) where `present` is
@@ -71,7 +71,7 @@ def _tma_unit_conv_kernel(x_desc, w_desc, y_desc, residual_desc, bias_ptr, unit_
     acc = tl.zeros((TILE_H * TILE_W, GROUP), dtype=tl.float32)
     start, end, taps, chunks = group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS)
     for unit in range(start, end):
-        tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, CHUNK, SLOTS)
+        tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, unit < end, CHUNK, SLOTS)
         r = tap // kernel_w
         a = x_desc.load([n, p0 + r - pad_h, q0 + tap - r * kernel_w - pad_w, c0])
         b = w_desc.load([unit * CHUNK, 0])
