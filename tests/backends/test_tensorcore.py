@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers.common import INTERPRET, needs_cuda, needs_interpreter
 
 from sparsecnn.backends import get_backend
-from sparsecnn.backends.tensorcore.format import pack_units, support_order
+from sparsecnn.backends.tensorcore.format import code_row, pack_units, support_order
 from sparsecnn.core.reference import reference_conv, relative_error
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.nn import SparseConv2d
@@ -82,6 +82,19 @@ def test_pack_units_holds_the_weight_exactly(K, C, R, group, chunk, order):
     assert torch.all(packed.group_start[1:] >= packed.group_start[:-1])
     assert packed.permuted == (packed.out_channel[:K].tolist() != list(range(K)))
     assert packed.order == (order if isinstance(order, str) else "given")
+    assert_unit_code_rows_list_the_units(packed)
+
+
+def assert_unit_code_rows_list_the_units(packed):
+    """Row g of the kernels' `unit_code` table holds group g's ranged units in order, then zeros."""
+    assert packed.unit_code.shape == (packed.num_groups, code_row(packed.max_units))
+    assert packed.unit_code.dtype == torch.int32
+    for g in range(packed.num_groups):
+        start, end = int(packed.group_start[g]), int(packed.group_start[g + 1])
+        row = packed.unit_code[g]
+        assert torch.equal(row[:end - start] & 0xFFFF, packed.unit_tap[start:end])
+        assert torch.equal(row[:end - start] >> 16, packed.unit_chunk[start:end])
+        assert not row[end - start:].any()
 
 
 def test_support_order_keeps_whole_groups_after_a_split_tile():
@@ -120,8 +133,10 @@ def test_support_order_recovers_the_tiles_of_a_unit_pruning():
 def test_all_zero_and_dense_weights():
     zero = pack_units(torch.zeros(33, 3, 3, 3), 16, 16)
     assert zero.num_units == 0 and zero.group_start.tolist() == [0, 0, 0, 0]
+    assert zero.unit_code.tolist() == [[0], [0], [0]]
     dense = pack_units(torch.randn(33, 3, 3, 3) + 5, 16, 16)
     assert dense.num_units == 3 * 9  # three groups, one chunk, nine taps
+    assert_unit_code_rows_list_the_units(dense)
 
 
 def test_pack_units_rejects_bad_arguments():
@@ -131,6 +146,8 @@ def test_pack_units_rejects_bad_arguments():
         pack_units(torch.randn(4, 3, 3), 16, 16)
     with pytest.raises(ValueError, match="order must be one of"):
         pack_units(torch.randn(4, 3, 3, 3), 16, 16, "similar")
+    with pytest.raises(ValueError, match="more than a unit code holds"):
+        pack_units(torch.randn(1, 1, 182, 182), 16, 16)
 
 
 # --- configs --------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from sparsecnn.artifact.errors import ArtifactError
 from sparsecnn.artifact.tensors import file_record
 
 FORMAT = "sparsecnn-artifact"
-VERSION = 2  # 2: "linears" (SplitKLinear splits); the fuse report lists swapped linears
+VERSION = 3  # 2: "linears" (SplitKLinear splits); 3: tensorcore weights carry their unit_code table
 MANIFEST = "manifest.json"
 _FIELDS = {"format": str, "version": int, "model": dict, "policy": str, "device": str, "environment": dict,
            "fuse": dict, "tuning": dict, "layers": dict, "linears": dict, "weights": str, "files": dict}

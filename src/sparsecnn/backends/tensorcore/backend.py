@@ -42,7 +42,8 @@ def _bind(packed: UnitWeights, spec: ConvSpec, config: Any, dtype: torch.dtype, 
     if config.packing != (packed.group, packed.chunk, packed.order):
         raise ValueError(f"config packing (group, chunk, order) = {config.packing} differs from the weight's "
                          f"{(packed.group, packed.chunk, packed.order)}; prepare the weight for this config")
-    tensors = (packed.values.to(dtype), packed.unit_tap, packed.unit_chunk, packed.group_start, packed.out_channel)
+    tensors = (packed.values.to(dtype), packed.unit_tap, packed.unit_chunk, packed.unit_code, packed.group_start,
+               packed.out_channel)
     static = (list(packed.kernel_shape), list(spec.stride), list(spec.padding), packed.permuted, packed.max_units,
               config_json(config))
     return KernelCall(torch.ops.sparsecnn.tensorcore_conv2d.default, tensors, static,

@@ -8,7 +8,9 @@ then runs over its kept units only, each one `chunk`-deep MMA step on tensor cor
 mask the format stays exact and only spends MMA work on the zeros inside kept units.
 
 Within a group units are ordered by (chunk, r, s), so consecutive steps read the same channels of
-neighbouring pixels (cache reuse across taps).
+neighbouring pixels (cache reuse across taps). Kernels read a group's units from `unit_code`, a
+table with one row per group padded to a power of two: a program loads its row at the same time as
+its range in `group_start`, where a ranged list would need the range first (one memory latency).
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ class UnitWeights:
 
     values: (U, chunk, group), the weight's dtype: unit u's B tile, [input channel, output channel].
     unit_tap: (U,) int32, r * S + s. unit_chunk: (U,) int32, the unit's input channels start at
-    unit_chunk * chunk. group_start: (num_groups + 1,) int32, group g owns units
-    [group_start[g], group_start[g + 1]). out_channel: (num_groups * group,) int32, the output
+    unit_chunk * chunk. unit_code: (num_groups, `code_row(max_units)`) int32, row g holds group g's
+    units in order as unit_tap | unit_chunk << 16, then 0. group_start: (num_groups + 1,) int32,
+    group g owns units [group_start[g], group_start[g + 1]). out_channel: (num_groups * group,) int32, the output
     channel of each group row, -1 for padding rows. permuted: False when out_channel is 0..K-1
     (then rows past K are padding). order: how the channels were ordered, "index", "support" or
     "given" (an explicit permutation). max_units: the most units any group keeps (kernels size
@@ -35,6 +38,7 @@ class UnitWeights:
     values: torch.Tensor
     unit_tap: torch.Tensor
     unit_chunk: torch.Tensor
+    unit_code: torch.Tensor
     group_start: torch.Tensor
     out_channel: torch.Tensor
     kernel_shape: tuple
@@ -54,7 +58,29 @@ class UnitWeights:
 
     def to(self, device) -> "UnitWeights":
         return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in
-                                            ("values", "unit_tap", "unit_chunk", "group_start", "out_channel")})
+                                            ("values", "unit_tap", "unit_chunk", "unit_code", "group_start",
+                                                                      "out_channel")})
+
+
+CODE_FIELD_LIMIT = 1 << 15  # taps and chunk indices per unit code field (int32: tap | chunk << 16)
+
+
+def code_row(max_units: int) -> int:
+    """Columns of the `unit_code` table: the power of two holding `max_units` (at least 1)."""
+    return 1 << max(0, max_units - 1).bit_length()
+
+
+def unit_codes(unit_tap: torch.Tensor, unit_chunk: torch.Tensor, counts: torch.Tensor, max_units: int) -> torch.Tensor:
+    """The (groups, code_row(max_units)) int32 `unit_code` table of units listed group after group,
+    `counts` (groups,) units each; 0 past a group's units."""
+    groups = counts.numel()
+    table = torch.zeros(groups, code_row(max_units), dtype=torch.int32, device=unit_tap.device)
+    if unit_tap.numel():
+        group = torch.repeat_interleave(torch.arange(groups, device=counts.device), counts).to(unit_tap.device)
+        first = torch.cumsum(counts, 0).to(unit_tap.device) - counts.to(unit_tap.device)
+        column = torch.arange(unit_tap.numel(), device=unit_tap.device) - first[group]
+        table[group, column] = unit_tap | (unit_chunk << 16)
+    return table
 
 
 def _check_permutation(permutation: Sequence[int], channels: int) -> list:
@@ -102,6 +128,9 @@ def pack_units(weight: torch.Tensor, group: int, chunk: int,
     if weight.dim() != 4:
         raise ValueError(f"weight must be (K, C, R, S), got shape {tuple(weight.shape)}")
     K, C, R, S = weight.shape
+    if R * S >= CODE_FIELD_LIMIT or -(-C // chunk) >= CODE_FIELD_LIMIT:
+        raise ValueError(f"weight of shape {tuple(weight.shape)} has more than {CODE_FIELD_LIMIT - 1} taps or chunks "
+                         f"of {chunk} input channels, more than a unit code holds")
     if isinstance(order, str):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS} or a permutation, got {order!r}")
@@ -122,8 +151,10 @@ def pack_units(weight: torch.Tensor, group: int, chunk: int,
     counts = torch.bincount(g, minlength=num_groups)
     group_start = torch.zeros(num_groups + 1, dtype=torch.int32)
     group_start[1:] = torch.cumsum(counts.cpu(), 0)
-    return UnitWeights(values=values.transpose(1, 2).contiguous(), unit_tap=(r * S + s).to(torch.int32),
-                       unit_chunk=c.to(torch.int32), group_start=group_start.to(weight.device),
-                       out_channel=rows.to(torch.int32).to(weight.device), kernel_shape=(K, C, R, S),
-                       group=group, chunk=chunk, permuted=order != list(range(K)), order=label,
-                       max_units=int(counts.max()) if num_groups else 0)
+    unit_tap, unit_chunk = (r * S + s).to(torch.int32), c.to(torch.int32)
+    max_units = int(counts.max()) if num_groups else 0
+    return UnitWeights(values=values.transpose(1, 2).contiguous(), unit_tap=unit_tap, unit_chunk=unit_chunk,
+                       group_start=group_start.to(weight.device), out_channel=rows.to(torch.int32).to(weight.device),
+                       kernel_shape=(K, C, R, S), group=group, chunk=chunk, permuted=order != list(range(K)),
+                       order=label, max_units=max_units,
+                       unit_code=unit_codes(unit_tap, unit_chunk, counts, max_units))

@@ -85,7 +85,7 @@ class TensorCoreConfig:
 
 
 @triton.jit
-def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_start_ptr, out_channel_ptr,
+def _unit_conv_kernel(x_ptr, values_ptr, unit_code_ptr, code_row, group_start_ptr, out_channel_ptr,
                       bias_ptr, residual_ptr, y_ptr,
                       M, H, W, C, P, Q, K, kernel_w, stride_h, stride_w, pad_h, pad_w, num_groups,
                       BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, ROW_ALIGN: tl.constexpr,
@@ -103,13 +103,21 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_sta
     w_base = q * stride_w - pad_w
     offs_c = tl.arange(0, CHUNK)
     offs_g = tl.arange(0, GROUP)
+    if PERMUTED:
+        channel = tl.load(out_channel_ptr + group * GROUP + offs_g)
+        channel_ok = channel >= 0
+    else:
+        channel = group * GROUP + offs_g
+        channel_ok = channel < K
+    if HAS_BIAS:  # loaded before the loop, so its latency hides behind the units'
+        bias = tl.load(bias_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
     acc = tl.zeros((BLOCK_M, GROUP), dtype=tl.float32)
-    start, end, taps, chunks = group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS)
+    start, end, codes = group_units(group_start_ptr, unit_code_ptr, code_row, group, SLOTS)
     for first in range(start, end, UNROLL):
         for step in tl.static_range(UNROLL):
             unit = first + step
             present = unit < end  # the last iteration of an unrolled loop may pass the group's end
-            tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, present, CHUNK, SLOTS)
+            tap, c0 = unit_at(unit_code_ptr, code_row, group, codes, unit - start, present, CHUNK, SLOTS)
             h = h_base + tap // kernel_w
             w = w_base + tap % kernel_w
             inside = in_m & (h >= 0) & (h < H) & (w >= 0) & (w < W)
@@ -127,14 +135,8 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_tap_ptr, unit_chunk_ptr, group_sta
             else:
                 b = tl.load(b_pointers)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    if PERMUTED:
-        channel = tl.load(out_channel_ptr + group * GROUP + offs_g)
-        channel_ok = channel >= 0
-    else:
-        channel = group * GROUP + offs_g
-        channel_ok = channel < K
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)[None, :]
+        acc += bias[None, :]
     out_offset = offs_m.to(tl.int64)[:, None] * K + channel[None, :]
     out_mask = in_m[:, None] & channel_ok[None, :]
     if HAS_RESIDUAL:
@@ -178,12 +180,12 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
     precision = "tf32" if x.dtype == torch.float32 and config.precision == "tf32" else "ieee"
     if config.loads == "tma" and tma_eligible(x, residual, packed.kernel_shape, stride, packed.chunk, packed.group,
                                               packed.permuted):
-        return tma_unit_conv(x, packed.values, packed.unit_tap, packed.unit_chunk, packed.group_start,
+        return tma_unit_conv(x, packed.values, packed.unit_code, packed.group_start,
                              packed.kernel_shape, padding, y, packed.group, packed.chunk, config.block_m,
                              config.num_warps, config.num_stages, precision, packed.max_units, bias, residual, relu)
     grid = (triton.cdiv(M, config.block_m) * packed.num_groups,)
     _unit_conv_kernel[grid](
-        x, packed.values, packed.unit_tap, packed.unit_chunk, packed.group_start, packed.out_channel,
+        x, packed.values, packed.unit_code, packed.unit_code.shape[1], packed.group_start, packed.out_channel,
         bias if bias is not None else y, residual if residual is not None else y, y,
         M, H, W, C, shape[2], shape[3], K, packed.kernel_shape[3], stride[0], stride[1], padding[0], padding[1],
         packed.num_groups,

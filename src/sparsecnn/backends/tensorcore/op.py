@@ -23,7 +23,7 @@ def _config(text: str):
 
 
 def tensorcore_conv2d_eager(x: torch.Tensor, values: torch.Tensor, unit_tap: torch.Tensor, unit_chunk: torch.Tensor,
-                            group_start: torch.Tensor, out_channel: torch.Tensor, bias: Optional[torch.Tensor],
+                            unit_code: torch.Tensor, group_start: torch.Tensor, out_channel: torch.Tensor, bias: Optional[torch.Tensor],
                             residual: Optional[torch.Tensor], kernel_shape: List[int], stride: List[int],
                             padding: List[int], permuted: bool, max_units: int, config: str,
                             relu: bool) -> torch.Tensor:
@@ -32,7 +32,7 @@ def tensorcore_conv2d_eager(x: torch.Tensor, values: torch.Tensor, unit_tap: tor
     from sparsecnn.backends.tensorcore.kernel import unit_conv
 
     parsed = _config(config)
-    packed = UnitWeights(values, unit_tap, unit_chunk, group_start, out_channel, tuple(kernel_shape),
+    packed = UnitWeights(values, unit_tap, unit_chunk, unit_code, group_start, out_channel, tuple(kernel_shape),
                          parsed.group, parsed.chunk, permuted, max_units=max_units)
     return unit_conv(x, packed, tuple(stride), tuple(padding), parsed, bias=bias, residual=residual, relu=relu)
 
@@ -41,6 +41,6 @@ tensorcore_conv2d = custom_op("sparsecnn::tensorcore_conv2d", tensorcore_conv2d_
 
 
 @register_fake("sparsecnn::tensorcore_conv2d")
-def _tensorcore_conv2d_fake(x, values, unit_tap, unit_chunk, group_start, out_channel, bias, residual, kernel_shape,
-                            stride, padding, permuted, max_units, config, relu):
+def _tensorcore_conv2d_fake(x, values, unit_tap, unit_chunk, unit_code, group_start, out_channel, bias, residual,
+                            kernel_shape, stride, padding, permuted, max_units, config, relu):
     return fake_output(x, residual, kernel_shape, stride, padding).contiguous(memory_format=torch.channels_last)

@@ -19,45 +19,44 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from sparsecnn.backends.tensorcore.format import code_row
+
 TILE_SHAPES = ((8, 8), (4, 16), (8, 16), (16, 8))  # (TILE_H, TILE_W): BLOCK_M 64 or 128 output pixels
 
 
 def unit_slots(max_units: int) -> int:
-    """Register slots for a group's unit list: the power of two holding `max_units`, or 0 (units
-    loaded one by one in the loop) past 64, where the register copy would cost more than it saves."""
-    slots = 1 << max(0, max_units - 1).bit_length()
+    """Register slots for a group's unit codes: its `unit_code` row (`format.code_row`), or 0 (codes
+    loaded one by one in the loop) past 64 units, where the register copy would cost more than it saves."""
+    slots = code_row(max_units)
     return slots if slots <= 64 else 0
 
 
 @triton.jit
-def group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS: tl.constexpr):
-    """(start, end, taps, chunks) of `group`: its units are start .. end - 1; with SLOTS > 0 their
-    taps and chunk indices, (SLOTS,) int32 each, copied into registers (0 past the group's end)."""
+def group_units(group_start_ptr, unit_code_ptr, code_row, group, SLOTS: tl.constexpr):
+    """(start, end, codes) of `group`: its units are start .. end - 1; with SLOTS > 0 its row of the
+    `unit_code` table, (SLOTS,) int32, copied into registers. The three loads depend on `group`
+    only, so they are in flight together (a ranged list would wait for `start` first)."""
     start = tl.load(group_start_ptr + group)
     end = tl.load(group_start_ptr + group + 1)
-    slots = tl.arange(0, max(SLOTS, 1))
-    taps = tl.load(unit_tap_ptr + start + slots, mask=slots < end - start, other=0)
-    chunks = tl.load(unit_chunk_ptr + start + slots, mask=slots < end - start, other=0)
-    return start, end, taps, chunks
+    codes = tl.load(unit_code_ptr + group * code_row + tl.arange(0, max(SLOTS, 1)))
+    return start, end, codes
 
 
 @triton.jit
-def unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, present, CHUNK: tl.constexpr,
-            SLOTS: tl.constexpr):
-    """(tap, first input channel) of `unit`: from the register copy `group_units` made when
-    SLOTS > 0, so the next units' operand loads, which the software pipeline issues ahead, wait on
-    no memory access for their addresses; else loaded from memory. (0, 0) where `present` is
-    False (a unit past the group's end in an unrolled loop)."""
+def unit_at(unit_code_ptr, code_row, group, codes, index, present, CHUNK: tl.constexpr, SLOTS: tl.constexpr):
+    """(tap, first input channel) of the group's unit number `index` (0-based): from the register
+    copy `group_units` made when SLOTS > 0, so the next units' operand loads, which the software
+    pipeline issues ahead, wait on no memory access for their addresses; else loaded from the
+    table. (0, 0) where `present` is False (a unit past the group's end in an unrolled loop)."""
     if SLOTS > 0:
-        here = tl.arange(0, SLOTS) == unit - start
-        return tl.sum(tl.where(here, taps, 0), axis=0), tl.sum(tl.where(here, chunks, 0), axis=0) * CHUNK
+        code = tl.sum(tl.where(tl.arange(0, SLOTS) == index, codes, 0), axis=0)
     else:
-        return (tl.load(unit_tap_ptr + unit, mask=present, other=0),
-                tl.load(unit_chunk_ptr + unit, mask=present, other=0) * CHUNK)
+        code = tl.load(unit_code_ptr + group * code_row + index, mask=present, other=0)
+    return code & 0xFFFF, (code >> 16) * CHUNK
 
 
 @triton.jit
-def _tma_unit_conv_kernel(x_desc, w_desc, y_desc, residual_desc, bias_ptr, unit_tap_ptr, unit_chunk_ptr,
+def _tma_unit_conv_kernel(x_desc, w_desc, y_desc, residual_desc, bias_ptr, unit_code_ptr, code_row,
                           group_start_ptr, K, tiles_p, tiles_q, num_groups, kernel_w, pad_h, pad_w,
                           TILE_H: tl.constexpr, TILE_W: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
                           HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr,
@@ -68,17 +67,19 @@ def _tma_unit_conv_kernel(x_desc, w_desc, y_desc, residual_desc, bias_ptr, unit_
     q0 = (tile % tiles_q) * TILE_W
     p0 = (tile // tiles_q % tiles_p) * TILE_H
     n = tile // (tiles_q * tiles_p)
+    channel = group * GROUP + tl.arange(0, GROUP)
+    if HAS_BIAS:  # loaded before the loop, so its latency hides behind the units'
+        bias = tl.load(bias_ptr + channel, mask=channel < K, other=0.0).to(tl.float32)
     acc = tl.zeros((TILE_H * TILE_W, GROUP), dtype=tl.float32)
-    start, end, taps, chunks = group_units(group_start_ptr, unit_tap_ptr, unit_chunk_ptr, group, SLOTS)
+    start, end, codes = group_units(group_start_ptr, unit_code_ptr, code_row, group, SLOTS)
     for unit in range(start, end):
-        tap, c0 = unit_at(unit_tap_ptr, unit_chunk_ptr, taps, chunks, start, unit, unit < end, CHUNK, SLOTS)
+        tap, c0 = unit_at(unit_code_ptr, code_row, group, codes, unit - start, unit < end, CHUNK, SLOTS)
         r = tap // kernel_w
         a = x_desc.load([n, p0 + r - pad_h, q0 + tap - r * kernel_w - pad_w, c0])
         b = w_desc.load([unit * CHUNK, 0])
         acc = tl.dot(a.reshape(TILE_H * TILE_W, CHUNK), b, acc, input_precision=PRECISION)
-    channel = group * GROUP + tl.arange(0, GROUP)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + channel, mask=channel < K, other=0.0).to(tl.float32)[None, :]
+        acc += bias[None, :]
     if HAS_RESIDUAL:
         acc += residual_desc.load([n, p0, q0, group * GROUP]).reshape(TILE_H * TILE_W, GROUP).to(tl.float32)
     if RELU:
@@ -109,14 +110,14 @@ def pick_tile(P: int, Q: int, block_m: int) -> tuple:
     return min(shapes, key=lambda s: (triton.cdiv(P, s[0]) * s[0] * triton.cdiv(Q, s[1]) * s[1], -s[1]))
 
 
-def tma_unit_conv(x: torch.Tensor, values: torch.Tensor, unit_tap: torch.Tensor, unit_chunk: torch.Tensor,
-                  group_start: torch.Tensor, kernel_shape, padding, y: torch.Tensor, group: int, chunk: int,
+def tma_unit_conv(x: torch.Tensor, values: torch.Tensor, unit_code: torch.Tensor, group_start: torch.Tensor,
+                  kernel_shape, padding, y: torch.Tensor, group: int, chunk: int,
                   block_m: int, num_warps: int, num_stages: int, precision: str, max_units: int,
                   bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], relu: bool) -> torch.Tensor:
     """Write act(conv(x) + bias + residual) into `y` for a stride-1 layer (`tma_eligible`).
 
     x: (N, C, H, W) channels_last, y and residual: (N, K, P, Q) channels_last, values: (U, chunk,
-    group) of x's dtype; the unit tensors and max_units as in `format.UnitWeights`. Returns y.
+    group) of x's dtype; unit_code, group_start and max_units as in `format.UnitWeights`. Returns y.
     """
     N, C, H, W = x.shape
     K, _, _, S = kernel_shape
@@ -135,7 +136,7 @@ def tma_unit_conv(x: torch.Tensor, values: torch.Tensor, unit_tap: torch.Tensor,
     num_groups = group_start.numel() - 1
     grid = (N * tiles_p * tiles_q * num_groups,)
     _tma_unit_conv_kernel[grid](
-        x_desc, w_desc, y_desc, residual_desc, bias if bias is not None else y, unit_tap, unit_chunk, group_start,
+        x_desc, w_desc, y_desc, residual_desc, bias if bias is not None else y, unit_code, unit_code.shape[1], group_start,
         K, tiles_p, tiles_q, num_groups, S, padding[0], padding[1],
         TILE_H=tile_h, TILE_W=tile_w, GROUP=group, CHUNK=chunk, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, RELU=relu, PRECISION=precision, SLOTS=unit_slots(max_units),
