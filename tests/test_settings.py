@@ -25,6 +25,7 @@ CASES = [
     (settings.PTXAS, settings.ptxas, "/opt/cuda/bin/ptxas", "/opt/cuda/bin/ptxas", None),
     (settings.MAX_PTX_ISA, settings.max_ptx_isa, " 8.7 ", (8, 7), None),
     (settings.FAST_LAUNCH, settings.fast_launch, " 0 ", False, True),
+    (settings.PDL, settings.pdl, "0", False, True),
     (settings.UNROLLED_MAX_NNZ, settings.unrolled_max_nnz, "250000", 250_000, settings.UNROLLED_MAX_NNZ_DEFAULT),
     (settings.BLOCKS_WORKERS, settings.blocks_workers, "0", 0, HALF_THE_CPUS),
     (settings.CODEGEN_WORKERS, settings.codegen_workers, "3", 3, HALF_THE_CPUS),

@@ -44,6 +44,8 @@ MAX_PTX_ISA = Setting("SPARSECNN_MAX_PTX_ISA", "major.minor (e.g. 9.0)", "from t
                       "newest PTX ISA the driver accepts (set it if the driver is newer than detected)")
 FAST_LAUNCH = Setting("SPARSECNN_FAST_LAUNCH", "0 or 1", "1",
                       "0: launch Triton kernels through Triton's own path (no launch cache)")
+PDL = Setting("SPARSECNN_PDL", "0 or 1", "1",
+              "0: tensorcore kernels launch without programmatic dependent launch (Hopper and newer)")
 UNROLLED_MAX_NNZ = Setting("SPARSECNN_UNROLLED_MAX_NNZ", "int >= 1", str(UNROLLED_MAX_NNZ_DEFAULT),
                            "most non-zeros per layer for the unrolled backend (higher: longer ptxas time)")
 BLOCKS_WORKERS = Setting("SPARSECNN_BLOCKS_WORKERS", "int >= 0", _WORKERS_DEFAULT,
@@ -63,7 +65,7 @@ SPARSERT_COMPILE = Setting("SPARSECNN_SPARSERT_COMPILE", "path", "none",
                            "sparsert_compile.py for `sparsecnn bench layers --peers sparsert` "
                            "(made by benchmarks/peers/build_sparsert.sh)")
 
-SETTINGS: Tuple[Setting, ...] = (CACHE_DIR, CACHE, CODEGEN_LOADER, NVCC, PTXAS, MAX_PTX_ISA, FAST_LAUNCH,
+SETTINGS: Tuple[Setting, ...] = (CACHE_DIR, CACHE, CODEGEN_LOADER, NVCC, PTXAS, MAX_PTX_ISA, FAST_LAUNCH, PDL,
                                   UNROLLED_MAX_NNZ, BLOCKS_WORKERS, CODEGEN_WORKERS, UNROLLED_WORKERS,
                                   DLMC, COMMIT, SPUTNIK_LIB, SPARSERT_COMPILE)
 
@@ -138,6 +140,13 @@ def fast_launch() -> bool:
     whether Triton kernels launch through `core.triton_launch`'s cache. Called per launch, so it only
     looks the variable up."""
     return os.environ.get(FAST_LAUNCH.name, "1").strip() != "0"
+
+
+def pdl() -> bool:
+    """$SPARSECNN_PDL (bool; default True; "0" turns it off, any other value leaves it on): whether
+    the tensorcore kernels launch with programmatic dependent launch where the GPU has it. Called
+    per launch, so it only looks the variable up."""
+    return os.environ.get(PDL.name, "1").strip() != "0"
 
 
 def unrolled_max_nnz() -> int:

@@ -537,6 +537,48 @@ def test_gpu_cuda_graph_capture():
     assert torch.equal(y, expected_y)
 
 
+def run_chain(backend, layers, x, spec):
+    """Each layer's output relu(conv(previous) + bias + the output two layers back), as a list."""
+    outputs = [x, x]
+    for packed, bias, config in layers:
+        outputs.append(backend.run(outputs[-1], packed, bias, spec, config, relu=True, residual=outputs[-2]))
+    return outputs[2:]
+
+
+@gpu
+@needs_cuda
+def test_gpu_dependent_launch_chain_matches_plain_launches(monkeypatch):
+    """Under programmatic dependent launch a layer starts before the one it reads has finished: a
+    chain whose every layer reads its predecessor's output and a residual two layers back, replayed
+    in a CUDA graph with its outputs poisoned before each replay, equals the same chain launched
+    plainly (SPARSECNN_PDL=0), bit for bit."""
+    from sparsecnn.backends.tensorcore.kernel import dependent_launch
+
+    backend = get_backend("tensorcore")
+    spec = ConvSpec(8, 64, 64, 14, 14, 3, 3, 1, 1)
+    x = inputs((8, 64, 14, 14), device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    if not dependent_launch(x):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    configs = [TensorCoreConfig(64, 32, 64, 4, 3, order="index", unroll=unroll, loads=loads)
+               for unroll, loads in ((1, "pointer"), (4, "pointer"), (1, "tma"))] * 2
+    layers = [(backend.prepare(unit_weight(64, 64, 3, 3, 64, 32, keep=0.3, seed=i).cuda().half() / 8, config),
+               torch.randn(64, device="cuda").half(), config) for i, config in enumerate(configs)]
+    monkeypatch.setenv("SPARSECNN_PDL", "0")
+    plain = run_chain(backend, layers, x, spec)
+    monkeypatch.setenv("SPARSECNN_PDL", "1")
+    run_chain(backend, layers, x, spec)  # compiles the dependent-launch kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chained = run_chain(backend, layers, x, spec)
+    for _ in range(20):
+        for y in chained:
+            y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(chained, plain):
+            assert torch.equal(got, want)
+
+
 def test_candidate_packings_are_all_tested_on_the_gpu():
     """The layer of test_gpu_every_candidate_config offers every packing and launch there is."""
     if not (INTERPRET or torch.cuda.is_available()):

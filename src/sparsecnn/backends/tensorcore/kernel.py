@@ -23,6 +23,7 @@ import triton.language as tl
 from sparsecnn.backends.tensorcore.format import ORDERS, UnitWeights
 from sparsecnn.backends.tensorcore.tma_kernel import (TILE_SHAPES, group_units, tma_eligible, tma_shape_ok,
                                                       tma_unit_conv, unit_at, unit_slots)
+import sparsecnn.settings as settings
 from sparsecnn.core import device
 from sparsecnn.core.checks import check_residual, check_triton_input, config_from_dict
 from sparsecnn.core.op_support import output_shape
@@ -91,7 +92,7 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_code_ptr, code_row, group_start_pt
                       BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, ROW_ALIGN: tl.constexpr,
                       EVEN_C: tl.constexpr, PERMUTED: tl.constexpr, HAS_BIAS: tl.constexpr,
                       HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr,
-                      SLOTS: tl.constexpr, UNROLL: tl.constexpr):
+                      SLOTS: tl.constexpr, UNROLL: tl.constexpr, USE_GDC: tl.constexpr):
     pid = tl.program_id(0)
     group = pid % num_groups
     offs_m = (pid // num_groups) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -113,6 +114,8 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_code_ptr, code_row, group_start_pt
         bias = tl.load(bias_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
     acc = tl.zeros((BLOCK_M, GROUP), dtype=tl.float32)
     start, end, codes = group_units(group_start_ptr, unit_code_ptr, code_row, group, SLOTS)
+    if USE_GDC:  # the loads above read this layer's weights; x and residual may come from the kernel before
+        tl.extra.cuda.gdc_wait()
     for first in range(start, end, UNROLL):
         for step in tl.static_range(UNROLL):
             unit = first + step
@@ -135,6 +138,8 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_code_ptr, code_row, group_start_pt
             else:
                 b = tl.load(b_pointers)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    if USE_GDC:  # the next layer's programs may start their weight loads while this one stores
+        tl.extra.cuda.gdc_launch_dependents()
     if HAS_BIAS:
         acc += bias[None, :]
     out_offset = offs_m.to(tl.int64)[:, None] * K + channel[None, :]
@@ -149,6 +154,15 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_code_ptr, code_row, group_start_pt
 def _row_align(channels: int, chunk: int) -> int:
     """The largest power of two (at most 16) dividing every row offset image + pixel * C + c0."""
     return min(16, math.gcd(channels, chunk) & -math.gcd(channels, chunk))
+
+
+def dependent_launch(x: torch.Tensor) -> bool:
+    """Whether the kernels launch with programmatic dependent launch (PDL) for input `x`: on a GPU
+    of compute capability 9.0 or newer, unless `settings.pdl()` is off. The launch then lets a
+    layer's programs start while the kernel before it drains: they load their unit lists, channel
+    map and bias, and wait (griddepcontrol.wait) before reading x or the residual, which that
+    kernel may write; their stores come after the wait."""
+    return x.is_cuda and settings.pdl() and torch.cuda.get_device_capability(x.device) >= (9, 0)
 
 
 def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: TensorCoreConfig,
@@ -178,11 +192,13 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
     if M == 0:
         return y
     precision = "tf32" if x.dtype == torch.float32 and config.precision == "tf32" else "ieee"
+    pdl = dependent_launch(x)
     if config.loads == "tma" and tma_eligible(x, residual, packed.kernel_shape, stride, packed.chunk, packed.group,
                                               packed.permuted):
         return tma_unit_conv(x, packed.values, packed.unit_code, packed.group_start,
                              packed.kernel_shape, padding, y, packed.group, packed.chunk, config.block_m,
-                             config.num_warps, config.num_stages, precision, packed.max_units, bias, residual, relu)
+                             config.num_warps, config.num_stages, precision, packed.max_units, bias, residual, relu,
+                             pdl)
     grid = (triton.cdiv(M, config.block_m) * packed.num_groups,)
     _unit_conv_kernel[grid](
         x, packed.values, packed.unit_code, packed.unit_code.shape[1], packed.group_start, packed.out_channel,
@@ -192,7 +208,8 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
         BLOCK_M=config.block_m, GROUP=config.group, CHUNK=config.chunk, ROW_ALIGN=_row_align(C, config.chunk),
         EVEN_C=C % config.chunk == 0, PERMUTED=packed.permuted, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, RELU=relu, PRECISION=precision, SLOTS=unit_slots(packed.max_units),
-        UNROLL=config.unroll, num_warps=config.num_warps, num_stages=config.num_stages)
+        UNROLL=config.unroll, USE_GDC=pdl, launch_pdl=pdl, num_warps=config.num_warps,
+        num_stages=config.num_stages)
     return y
 
 

@@ -60,7 +60,7 @@ def _tma_unit_conv_kernel(x_desc, w_desc, y_desc, residual_desc, bias_ptr, unit_
                           group_start_ptr, K, tiles_p, tiles_q, num_groups, kernel_w, pad_h, pad_w,
                           TILE_H: tl.constexpr, TILE_W: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
                           HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr,
-                          PRECISION: tl.constexpr, SLOTS: tl.constexpr):
+                          PRECISION: tl.constexpr, SLOTS: tl.constexpr, USE_GDC: tl.constexpr):
     pid = tl.program_id(0)
     group = pid % num_groups
     tile = pid // num_groups
@@ -72,12 +72,16 @@ def _tma_unit_conv_kernel(x_desc, w_desc, y_desc, residual_desc, bias_ptr, unit_
         bias = tl.load(bias_ptr + channel, mask=channel < K, other=0.0).to(tl.float32)
     acc = tl.zeros((TILE_H * TILE_W, GROUP), dtype=tl.float32)
     start, end, codes = group_units(group_start_ptr, unit_code_ptr, code_row, group, SLOTS)
+    if USE_GDC:  # as in kernel.py: weights above, x and residual (perhaps the kernel before's output) below
+        tl.extra.cuda.gdc_wait()
     for unit in range(start, end):
         tap, c0 = unit_at(unit_code_ptr, code_row, group, codes, unit - start, unit < end, CHUNK, SLOTS)
         r = tap // kernel_w
         a = x_desc.load([n, p0 + r - pad_h, q0 + tap - r * kernel_w - pad_w, c0])
         b = w_desc.load([unit * CHUNK, 0])
         acc = tl.dot(a.reshape(TILE_H * TILE_W, CHUNK), b, acc, input_precision=PRECISION)
+    if USE_GDC:
+        tl.extra.cuda.gdc_launch_dependents()
     if HAS_BIAS:
         acc += bias[None, :]
     if HAS_RESIDUAL:
@@ -113,11 +117,13 @@ def pick_tile(P: int, Q: int, block_m: int) -> tuple:
 def tma_unit_conv(x: torch.Tensor, values: torch.Tensor, unit_code: torch.Tensor, group_start: torch.Tensor,
                   kernel_shape, padding, y: torch.Tensor, group: int, chunk: int,
                   block_m: int, num_warps: int, num_stages: int, precision: str, max_units: int,
-                  bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], relu: bool) -> torch.Tensor:
+                  bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], relu: bool,
+                  pdl: bool = False) -> torch.Tensor:
     """Write act(conv(x) + bias + residual) into `y` for a stride-1 layer (`tma_eligible`).
 
     x: (N, C, H, W) channels_last, y and residual: (N, K, P, Q) channels_last, values: (U, chunk,
-    group) of x's dtype; unit_code, group_start and max_units as in `format.UnitWeights`. Returns y.
+    group) of x's dtype; unit_code, group_start and max_units as in `format.UnitWeights`; pdl: launch
+    with programmatic dependent launch (`kernel.dependent_launch`). Returns y.
     """
     N, C, H, W = x.shape
     K, _, _, S = kernel_shape
@@ -140,5 +146,5 @@ def tma_unit_conv(x: torch.Tensor, values: torch.Tensor, unit_code: torch.Tensor
         K, tiles_p, tiles_q, num_groups, S, padding[0], padding[1],
         TILE_H=tile_h, TILE_W=tile_w, GROUP=group, CHUNK=chunk, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, RELU=relu, PRECISION=precision, SLOTS=unit_slots(max_units),
-        num_warps=num_warps, num_stages=num_stages)
+        USE_GDC=pdl, launch_pdl=pdl, num_warps=num_warps, num_stages=num_stages)
     return y
