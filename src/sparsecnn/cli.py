@@ -98,8 +98,9 @@ def _cmd_bench_model(args) -> None:
                        modes=tuple(_split(args.modes)), seed=args.seed, checkpoint=args.checkpoint,
                        compile_mode=None if args.compile_mode == "default" else args.compile_mode,
                        backends=_split(args.backends) if args.backends else None, run_mode=args.run_mode,
-                       cudnn_benchmark=args.cudnn_benchmark)
-    write_jsonl(rows, args.out)
+                       cudnn_benchmark=args.cudnn_benchmark,
+                       sparse_modes=tuple(_split(args.sparse_modes)) if args.sparse_modes else None,
+                       on_rows=lambda measured: write_jsonl(measured, args.out))
     print(markdown_table(rows))
     tuned = next((row["config"] for row in rows if row["backend"] != "cudnn"), None)
     if tuned and tuned["tune_phases_s"]:
@@ -407,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_model.add_argument("name")
     bench_model.add_argument("--backend", default="auto")
     bench_model.add_argument("--modes", default="eager,cudagraph", help="comma-separated: eager,cudagraph,compile")
+    bench_model.add_argument("--sparse-modes", default=None,
+                             help="the sparse model's modes (default: --modes), e.g. --modes cudagraph,compile "
+                                  "--sparse-modes cudagraph")
     bench_model.add_argument("--compile-mode", default="max-autotune",
                              help="torch.compile mode of both models in mode 'compile' ('default' for none)")
     bench_model.add_argument("--checkpoint", default=None, help="state_dict with pruned weights")

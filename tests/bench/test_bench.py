@@ -185,6 +185,33 @@ def test_bench_model_compiles_dense_and_sparse_models_in_the_same_mode(monkeypat
     assert "| cudnn | compile (reduce-overhead) |" in markdown_table(rows)
 
 
+def test_bench_model_sparse_modes_and_rows_as_measured(monkeypatch):
+    """sparse_modes restricts the sparse model's modes; on_rows gets each model's rows as soon as
+    they are measured, so the dense rows are out before the sparse model is tuned."""
+    delivered = []
+
+    def fake_compile(model, mode=None):
+        return model
+
+    def recording_variant(model, x, dtype, variant, backends, run_mode):
+        delivered.append(("tuning", variant))
+        return real_variant(model, x, dtype, variant, backends, run_mode)
+
+    real_variant = bench_models._variant
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(bench_models, "_variant", recording_variant)
+    rows = bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.8, pattern="random", device="cpu",
+                       modes=("eager", "compile"), sparse_modes=("eager",), progress=False, timing=FAST,
+                       on_rows=lambda measured: delivered.append([(r["backend"], r["mode"]) for r in measured]))
+    assert [(row["backend"], row["mode"]) for row in rows] == [("cudnn", "eager"), ("cudnn", "compile"),
+                                                               ("auto", "eager")]
+    assert delivered == [("tuning", "cudnn"), [("cudnn", "eager"), ("cudnn", "compile")], ("tuning", "auto"),
+                         [("auto", "eager")]]
+    with pytest.raises(ValueError, match="unknown mode 'graphs'"):
+        bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.8, pattern="random", device="cpu",
+                    modes=("eager",), sparse_modes=("graphs",), progress=False, timing=FAST)
+
+
 def test_bench_model_limits_tuning_to_the_named_backends():
     rows = bench_model("lenet5", batch=2, dtype="fp32", sparsity=0.8, pattern="random", device="cpu",
                        modes=("eager",), progress=False, timing=FAST, backends=["im2col-cublas"])

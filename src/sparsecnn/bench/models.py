@@ -272,7 +272,8 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
                 progress: bool = True, timing: Optional[Dict[str, Any]] = None,
                 compile_mode: Optional[str] = "max-autotune",
                 backends: Optional[List[str]] = None, run_mode: str = "graph",
-                cudnn_benchmark: bool = False) -> List[Dict[str, Any]]:
+                cudnn_benchmark: bool = False, sparse_modes: Optional[Sequence[str]] = None,
+                on_rows: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
     """Benchmark model `name` at `batch`; returns results rows of kind "model".
 
     Rows: backend "cudnn" (the pruned model run densely; fp16/bf16 in channels_last) in each mode,
@@ -285,9 +286,13 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     row's config records it). run_mode: what tuning times (`autotune_model`; the row's config
     records it). cudnn_benchmark: run everything (dense baselines, tuning, timing) with
     `torch.backends.cudnn.benchmark` on, so cuDNN times its engines for every convolution shape and
-    keeps the fastest (rows' config records it); the flag is restored on return.
+    keeps the fastest (rows' config records it); the flag is restored on return. sparse_modes: the
+    sparse model's modes (None: `modes`), e.g. the dense model under "compile" as the baseline and
+    the sparse one only under "cudagraph", which spares a second inductor compile. on_rows: called
+    with each model's rows as soon as they are measured (a long run killed later keeps them).
     """
-    _check_args(dtype, backend, modes)
+    sparse_modes = tuple(modes if sparse_modes is None else sparse_modes)
+    _check_args(dtype, backend, (*modes, *sparse_modes))
     device, timing = torch.device(device), dict(timing or {})
     model, label, recorded_sparsity = _pruned_model(name, sparsity, pattern, seed, checkpoint)
     model = _round_model_(model, dtype).to(device)
@@ -300,8 +305,13 @@ def bench_model(name: str, *, batch: int, dtype: str, sparsity: float, pattern: 
     with _cudnn_benchmark(cudnn_benchmark):
         for variant in tqdm((CUDNN, backend), desc=f"{name} {dtype}", disable=not progress):
             runnable, x_cast, config = _variant(model, x, dtype, variant, backends, run_mode)
-            rows += [_row(base, variant, config, mode, stats, compile_mode, cudnn_benchmark)
-                     for mode, stats in _time_modes(runnable, x_cast, ref, modes, dtype, timing, compile_mode)]
+            variant_modes = modes if variant == CUDNN else sparse_modes
+            measured = [_row(base, variant, config, mode, stats, compile_mode, cudnn_benchmark)
+                        for mode, stats in _time_modes(runnable, x_cast, ref, variant_modes, dtype, timing,
+                                                       compile_mode)]
+            if on_rows is not None:
+                on_rows(measured)
+            rows += measured
             del runnable, x_cast
             free_memory(device)
     return rows
