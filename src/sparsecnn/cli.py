@@ -180,13 +180,13 @@ def _unit_selection(text: str):
 
 
 def _tile_option(args) -> dict:
-    """The method options `--tile`, `--chunk` and `--order` give: {"tile": 16 | 32 | 64 | "auto",
-    "chunk": 1 | 8 | 16 | 32, "order": "greedy" | "none"} for reprune-tiles, else {} (ValueError for
+    """The method options `--tile`, `--chunk`, `--order` and `--steps` give: {"tile": 16 | 32 | 64 |
+    "auto", "chunk": 1 | 8 | 16 | 32, "order": "greedy" | "none", "steps": int >= 1} for reprune-tiles, else {} (ValueError for
     a bad value or for any of them with another method). Units of chunk > 1 are for backend
     tensorcore, which stores channel runs fast and permuted channels 1.5-14x slower (RESULTS.md),
     so their order defaults to "none" (tiles of consecutive output channels)."""
-    given = {flag: value for flag, value in (("--tile", args.tile), ("--chunk", args.chunk), ("--order", args.order))
-             if value is not None}
+    given = {flag: value for flag, value in (("--tile", args.tile), ("--chunk", args.chunk), ("--order", args.order),
+                                             ("--steps", args.steps)) if value is not None}
     if not given:
         return {}
     if args.method != "reprune-tiles":
@@ -207,6 +207,10 @@ def _tile_option(args) -> dict:
     order = args.order or ("none" if (args.chunk or 1) > 1 else None)
     if order is not None:
         options["order"] = order
+    if args.steps is not None:
+        if args.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {args.steps}")
+        options["steps"] = args.steps
     return options
 
 
@@ -454,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="reprune-tiles: how output channels are grouped into tiles, greedy (by mask "
                             "similarity) or none (consecutive channels; the default with --chunk > 1, the "
                             "order backend tensorcore stores fast)")
+    prune.add_argument("--steps", type=int, default=None,
+                       help="reprune-tiles: rounds of rising sparsity, each re-pruned into tiles and trained "
+                            "(default 1: magnitude pruning, one re-pruning, re-training); 3 kept more accuracy")
     prune.add_argument("--unit-shapes", default=None,
                        help="reprune-select: search these tensor-core unit shapes TILExCHUNK (e.g. "
                             "16x16,32x32,64x32) per conv by backend tensorcore's measured speed, within the "
