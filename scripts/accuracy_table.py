@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("lenet5", "alexnet-cifar")
 # Dense training per model (epochs, learning rate): where test accuracy stops improving on digits,
 # so a pruned model's extra fine-tuning epochs cannot make it look better than dense.
-DENSE_TRAINING = {"lenet5": (8, 0.02), "alexnet-cifar": (16, 0.02)}
+DENSE_TRAINING = {"lenet5": (8, 0.02), "alexnet-cifar": (16, 0.02), "resnet18-cifar": (16, 0.02)}
 
 
 def dense_model(name: str, split, seed: int) -> torch.nn.Module:
