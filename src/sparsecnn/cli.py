@@ -181,10 +181,11 @@ def _unit_selection(text: str):
 
 def _tile_option(args) -> dict:
     """The method options `--tile`, `--chunk`, `--order` and `--steps` give: {"tile": 16 | 32 | 64 |
-    "auto", "chunk": 1 | 8 | 16 | 32, "order": "greedy" | "none", "steps": int >= 1} for reprune-tiles, else {} (ValueError for
-    a bad value or for any of them with another method). Units of chunk > 1 are for backend
-    tensorcore, which stores channel runs fast and permuted channels 1.5-14x slower (RESULTS.md),
-    so their order defaults to "none" (tiles of consecutive output channels)."""
+    "auto", "chunk": 1 | 8 | 16 | 32, "order": "greedy" | "none", "steps": int >= 1} for
+    reprune-tiles, else {} (ValueError for a bad value or for any of them with another method).
+    Units of chunk > 1 are for backend tensorcore, which stores channel runs fast and permuted
+    channels 1.5-14x slower (RESULTS.md), so their order defaults to "none" (tiles of consecutive
+    output channels)."""
     given = {flag: value for flag, value in (("--tile", args.tile), ("--chunk", args.chunk), ("--order", args.order),
                                              ("--steps", args.steps)) if value is not None}
     if not given:

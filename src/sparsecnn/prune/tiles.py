@@ -415,7 +415,7 @@ def _gradual_tiles(model: nn.Module, split, sparsity, params: TileParams, steps:
     steps, its target)` (the cubic schedule, reaching the target at the last round), re-prunes the
     convs into tiles at that kept count, then trains `epochs // steps` epochs with those masks.
     Why: one-shot re-pruning of a 90%-pruned alexnet-cifar into 16x16 units lost 1.39 points against
-    magnitude at equal epochs, three rounds 0.56 (docs/accuracy.md)."""
+    magnitude at equal epochs, three rounds 0.37 (docs/accuracy.md)."""
     targets = layer_sparsities(model, sparsity)
     batches = training_batches(model, split, batch_size, seed)
     for step in range(1, steps + 1):

@@ -28,8 +28,8 @@ class UnitWeights:
     unit_tap: (U,) int32, r * S + s. unit_chunk: (U,) int32, the unit's input channels start at
     unit_chunk * chunk. unit_code: (num_groups, `code_row(max_units)`) int32, row g holds group g's
     units in order as unit_tap | unit_chunk << 16, then 0. group_start: (num_groups + 1,) int32,
-    group g owns units [group_start[g], group_start[g + 1]). out_channel: (num_groups * group,) int32, the output
-    channel of each group row, -1 for padding rows. permuted: False when out_channel is 0..K-1
+    group g owns units [group_start[g], group_start[g + 1]). out_channel: (num_groups * group,)
+    int32, the output channel of each group row, -1 for padding rows. permuted: False when out_channel is 0..K-1
     (then rows past K are padding). order: how the channels were ordered, "index", "support" or
     "given" (an explicit permutation). max_units: the most units any group keeps (kernels size
     their register copy of a group's unit list by it).
@@ -59,7 +59,7 @@ class UnitWeights:
     def to(self, device) -> "UnitWeights":
         return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in
                                             ("values", "unit_tap", "unit_chunk", "unit_code", "group_start",
-                                                                      "out_channel")})
+                                             "out_channel")})
 
 
 CODE_FIELD_LIMIT = 1 << 15  # taps and chunk indices per unit code field (int32: tap | chunk << 16)

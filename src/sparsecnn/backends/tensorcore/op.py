@@ -23,9 +23,9 @@ def _config(text: str):
 
 
 def tensorcore_conv2d_eager(x: torch.Tensor, values: torch.Tensor, unit_tap: torch.Tensor, unit_chunk: torch.Tensor,
-                            unit_code: torch.Tensor, group_start: torch.Tensor, out_channel: torch.Tensor, bias: Optional[torch.Tensor],
-                            residual: Optional[torch.Tensor], kernel_shape: List[int], stride: List[int],
-                            padding: List[int], permuted: bool, max_units: int, config: str,
+                            unit_code: torch.Tensor, group_start: torch.Tensor, out_channel: torch.Tensor,
+                            bias: Optional[torch.Tensor], residual: Optional[torch.Tensor], kernel_shape: List[int],
+                            stride: List[int], padding: List[int], permuted: bool, max_units: int, config: str,
                             relu: bool) -> torch.Tensor:
     """act(conv(x) + bias + residual) -> (N, K, P, Q) channels_last; see the module docstring."""
     from sparsecnn.backends.tensorcore.format import UnitWeights

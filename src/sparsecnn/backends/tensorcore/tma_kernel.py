@@ -142,7 +142,8 @@ def tma_unit_conv(x: torch.Tensor, values: torch.Tensor, unit_code: torch.Tensor
     num_groups = group_start.numel() - 1
     grid = (N * tiles_p * tiles_q * num_groups,)
     _tma_unit_conv_kernel[grid](
-        x_desc, w_desc, y_desc, residual_desc, bias if bias is not None else y, unit_code, unit_code.shape[1], group_start,
+        x_desc, w_desc, y_desc, residual_desc, bias if bias is not None else y, unit_code, unit_code.shape[1],
+        group_start,
         K, tiles_p, tiles_q, num_groups, S, padding[0], padding[1],
         TILE_H=tile_h, TILE_W=tile_w, GROUP=group, CHUNK=chunk, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, RELU=relu, PRECISION=precision, SLOTS=unit_slots(max_units),
