@@ -444,6 +444,36 @@ def test_autotune_model_reuses_the_cache_and_reports_the_error(tmp_path):
     assert second_timer.probed == [] and [layer.cache for layer in again.layers] == ["hit", "hit"]
 
 
+def test_whole_model_timings_replay_a_fresh_cuda_graph_each_time(monkeypatch):
+    """In run mode "graph" on CUDA every whole-model timing (model as given, layouts, model check)
+    enables CUDA graphs for it alone, so each captures the layers as they are then, and the eager
+    timings between them stay eager; an eager run mode or a CPU model keeps the timer as it is."""
+    from sparsecnn.tuning import model_check
+
+    events = []
+    monkeypatch.setattr(model_check, "enable_cuda_graphs", lambda module: events.append(("on", module)))
+    monkeypatch.setattr(model_check, "disable_cuda_graphs", lambda module: events.append(("off", module)))
+
+    class Recording:
+        def probe(self, candidate, fn):
+            events.append("probe")
+            return 1.0
+
+        def measure(self, candidate, fn):
+            events.append("measure")
+            raise RuntimeError("capture refused")
+
+    model = nn.Linear(2, 2)
+    timer = model_check.model_timer(Recording(), model, "cuda", "graph")
+    assert timer.probe(Candidate("model:tuned"), lambda: None) == 1.0
+    with pytest.raises(RuntimeError, match="capture refused"):
+        timer.measure(Candidate("model:tuned"), lambda: None)
+    assert events == [("on", model), "probe", ("off", model), ("on", model), "measure", ("off", model)]
+    plain = Recording()
+    assert model_check.model_timer(plain, model, "cuda", "eager") is plain
+    assert model_check.model_timer(plain, model, "cpu", "graph") is plain
+
+
 def test_autotune_model_reports_where_the_tuning_time_went(tmp_path):
     model, x = _model(), torch.randn(2, 3, 12, 12)
     report = autotune_model(model, x, cache_dir=tmp_path, timer=FakeTimer(), progress=False)

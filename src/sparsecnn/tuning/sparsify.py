@@ -47,7 +47,7 @@ from sparsecnn.tuning.layout import (
     set_tuning_layout,
 )
 from sparsecnn.tuning.linears import tune_linears
-from sparsecnn.tuning.model_check import check_against_dense, check_against_given
+from sparsecnn.tuning.model_check import check_against_dense, check_against_given, model_timer
 from sparsecnn.tuning.phases import TickingTimer
 from sparsecnn.tuning.select import pending_candidates, prefetch_candidates
 from sparsecnn.tuning.tuner import finish_deferred
@@ -207,6 +207,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     policy = resolve_policy(dtype, model_dtype, device.type)
     cache = TuneCache(cache_dir, environment_fingerprint(device))
     timer = timer or default_timer(device, run_mode)
+    whole_model = model_timer(timer, model, device.type, run_mode)
     clock = PhaseClock(progress=show_progress(progress))
     reset_job_times()
 
@@ -222,7 +223,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
         model.to(policy.dtype)
         with torch.no_grad(), tf32_flags(policy.dense_tf32):
             with clock.bar("model as given", unit="timing") as bar:
-                given_ms = (TickingTimer(timer, bar).measure(Candidate("model:given"), run)
+                given_ms = (TickingTimer(whole_model, bar).measure(Candidate("model:given"), run)
                             if device.type in GIVEN_CHECK_DEVICES else None)
                 given = _GivenModel(model, originals, given_ms)
             layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
@@ -249,9 +250,9 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
             if linears:  # the error is then taken on the chosen splits, not the conv pass's F.linear
                 output = linear_output
             with clock.bar("layouts", unit="timing") as bar:
-                batch_inner, layout_ms = keep_batch_inner_outputs(model, run, tuned, TickingTimer(timer, bar))
+                batch_inner, layout_ms = keep_batch_inner_outputs(model, run, tuned, TickingTimer(whole_model, bar))
             with clock.bar("model check", unit="timing") as bar:
-                check = check_against_dense(run, tuned, tuning.results, device.type, TickingTimer(timer, bar))
+                check = check_against_dense(run, tuned, tuning.results, device.type, TickingTimer(whole_model, bar))
                 if given.ms is not None:
                     check = check_against_given(check, given.ms, lambda: given.restore(model, layers))
     kept_batch_inner = [] if check.kept == "given" else [name for name in batch_inner if is_batch_inner(tuned[name])]
