@@ -149,7 +149,7 @@ def _cmd_prune(args) -> None:
     if args.unit_shapes is not None:
         if args.method != "reprune-select":
             raise ValueError(f"--unit-shapes applies to --method reprune-select only, got --method {args.method}")
-        _unit_selection(args.unit_shapes)
+        _unit_selection(args.unit_shapes, args.steps or 1)
     _quantizer(args.quantize)
     device = _device(args)
     if device == "cuda":
@@ -166,14 +166,14 @@ def _cmd_prune(args) -> None:
         close()
 
 
-def _unit_selection(text: str):
-    """`--unit-shapes` "16x16,32x32" -> UnitSelectionConfig(shapes=((16, 16), (32, 32))) (ValueError
-    naming the flag for anything else)."""
+def _unit_selection(text: str, steps: int = 1):
+    """`--unit-shapes` "16x16,32x32" and `--steps` -> UnitSelectionConfig(shapes=((16, 16), (32, 32)),
+    steps=steps) (ValueError naming the flag for anything else)."""
     from sparsecnn.prune import UnitSelectionConfig
 
     try:
         shapes = tuple(tuple(int(part) for part in item.split("x")) for item in text.split(","))
-        return UnitSelectionConfig(shapes=shapes)
+        return UnitSelectionConfig(shapes=shapes, steps=steps)
     except ValueError as error:
         raise ValueError(f"--unit-shapes must be TILExCHUNK pairs such as 16x16,32x32,64x32 (tile 16, 32 or 64; "
                          f"chunk 8, 16 or 32), got {text!r}: {error}") from None
@@ -182,16 +182,18 @@ def _unit_selection(text: str):
 def _tile_option(args) -> dict:
     """The method options `--tile`, `--chunk`, `--order` and `--steps` give: {"tile": 16 | 32 | 64 |
     "auto", "chunk": 1 | 8 | 16 | 32, "order": "greedy" | "none", "steps": int >= 1} for
-    reprune-tiles, else {} (ValueError for a bad value or for any of them with another method).
+    reprune-tiles, else {} (ValueError for a bad value or for any of them with another method;
+    reprune-select with --unit-shapes takes `--steps` through `_unit_selection`).
     Units of chunk > 1 are for backend tensorcore, which stores channel runs fast and permuted
     channels 1.5-14x slower (RESULTS.md), so their order defaults to "none" (tiles of consecutive
     output channels)."""
-    given = {flag: value for flag, value in (("--tile", args.tile), ("--chunk", args.chunk), ("--order", args.order),
-                                             ("--steps", args.steps)) if value is not None}
-    if not given:
-        return {}
+    _check_steps(args)
+    given = {flag: value for flag, value in (("--tile", args.tile), ("--chunk", args.chunk), ("--order", args.order))
+             if value is not None}
     if args.method != "reprune-tiles":
-        raise ValueError(f"{next(iter(given))} applies to --method reprune-tiles only, got --method {args.method}")
+        if given:
+            raise ValueError(f"{next(iter(given))} applies to --method reprune-tiles only, got --method {args.method}")
+        return {}
     from sparsecnn.prune.tiles import CHUNK_SIZES, ORDERS, TILE_SIZES
 
     options = {}
@@ -209,10 +211,21 @@ def _tile_option(args) -> dict:
     if order is not None:
         options["order"] = order
     if args.steps is not None:
-        if args.steps < 1:
-            raise ValueError(f"--steps must be >= 1, got {args.steps}")
         options["steps"] = args.steps
     return options
+
+
+def _check_steps(args) -> None:
+    """`--steps` is an int >= 1 given with reprune-tiles, or with reprune-select and --unit-shapes."""
+    if args.steps is None:
+        return
+    if args.method == "reprune-select" and args.unit_shapes is None:
+        raise ValueError("--steps applies to --method reprune-select only with --unit-shapes")
+    if args.method not in ("reprune-tiles", "reprune-select"):
+        raise ValueError(f"--steps applies to --method reprune-tiles or reprune-select (with --unit-shapes), got "
+                         f"--method {args.method}")
+    if args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
 
 
 def _start_model(name: str, num_classes: int, checkpoint, device: str):
@@ -254,7 +267,8 @@ def _prune_digits(args, source, name, checkpoint, device, base, layer_sparsities
 
         options["measure_gains"] = block_gains
         if args.unit_shapes is not None:
-            options.update(units=_unit_selection(args.unit_shapes), measure_unit_speed=tensorcore_gains)
+            options.update(units=_unit_selection(args.unit_shapes, args.steps or 1),
+                           measure_unit_speed=tensorcore_gains)
     masks = prune_with(args.method, model, split, args.sparsity, seed=args.seed, progress=True,
                        batch_size=args.batch_size, train=base, **options)
     _finish(args, name, model, masks, checkpoint, start_top1, lambda m: top1_accuracy(m, split), split.train_x[:256])
@@ -460,8 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "similarity) or none (consecutive channels; the default with --chunk > 1, the "
                             "order backend tensorcore stores fast)")
     prune.add_argument("--steps", type=int, default=None,
-                       help="reprune-tiles: rounds of rising sparsity, each re-pruned into tiles and trained "
-                            "(default 1: magnitude pruning, one re-pruning, re-training); 3 kept more accuracy")
+                       help="reprune-tiles, and reprune-select with --unit-shapes: rounds of rising sparsity, each "
+                            "re-pruned into tiles and trained (default 1: magnitude pruning, one re-pruning, "
+                            "re-training); 3 kept more accuracy")
     prune.add_argument("--unit-shapes", default=None,
                        help="reprune-select: search these tensor-core unit shapes TILExCHUNK (e.g. "
                             "16x16,32x32,64x32) per conv by backend tensorcore's measured speed, within the "

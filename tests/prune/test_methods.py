@@ -189,7 +189,11 @@ def test_cli_prune_writes_a_checkpoint_that_loads_and_continues(tmp_path, capsys
     (["--quantize", "int3"], "unknown scheme 'int3'"),
     (["--tile", "32"], "--tile applies to --method reprune-tiles only, got --method magnitude"),
     (["--method", "reprune-tiles", "--tile", "8"], "--tile must be one of 16, 32, 64 or auto, got '8'"),
-    (["--steps", "3"], "--steps applies to --method reprune-tiles only, got --method magnitude"),
+    (["--steps", "3"], "--steps applies to --method reprune-tiles or reprune-select (with --unit-shapes), got "
+                       "--method magnitude"),
+    (["--method", "reprune-select", "--steps", "3"], "--steps applies to --method reprune-select only with "
+                                                     "--unit-shapes"),
+    (["--method", "reprune-select", "--unit-shapes", "16x16", "--steps", "0"], "--steps must be >= 1, got 0"),
     (["--method", "reprune-tiles", "--steps", "0"], "--steps must be >= 1, got 0"),
     (["--unit-shapes", "16x16"], "--unit-shapes applies to --method reprune-select only, got --method magnitude"),
     (["--method", "reprune-select", "--unit-shapes", "16x4"], "--unit-shapes must be TILExCHUNK pairs"),

@@ -289,7 +289,7 @@ def test_registered_method_runs_on_lenet5_digits_with_exact_sparsity():
 def test_gradual_rounds_rise_to_the_target_in_tiles(monkeypatch):
     """steps=3: three rounds of magnitude masks at rising sparsity, re-pruned into tiles, each trained
     epochs // steps; the last round ends at the target exactly, in tiles."""
-    from sparsecnn.prune import tiles as tiles_module
+    from sparsecnn.prune import rounds as rounds_module
 
     digits = load_digits_split((1, 28, 28), seed=0)
     split = DigitsSplit(digits.train_x[:300], digits.train_y[:300], digits.test_x, digits.test_y)
@@ -297,14 +297,14 @@ def test_gradual_rounds_rise_to_the_target_in_tiles(monkeypatch):
     model = build_model("lenet5")
     train_dense_(model, split, epochs=1, seed=0)
     rounds = []
-    real_train = tiles_module.train_epochs
+    real_train = rounds_module.train_epochs
 
     def recording_train(model, batches, config, masks=None, description=""):
         rounds.append((description, config.epochs, round(sum(int(m.sum()) for m in masks.values())
                                                           / sum(m.numel() for m in masks.values()), 2)))
         return real_train(model, batches, config, masks=masks, description=description)
 
-    monkeypatch.setattr(tiles_module, "train_epochs", recording_train)
+    monkeypatch.setattr(rounds_module, "train_epochs", recording_train)
     masks = prune_with("reprune-tiles", model, split, 0.9, seed=0, epochs=1, retrain_epochs=2, tile=16, steps=3)
     assert [(d, e) for d, e, _ in rounds] == [(f"reprune-tiles round {i}/3", 1) for i in (1, 2, 3)]
     densities = [density for _, _, density in rounds]

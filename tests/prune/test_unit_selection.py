@@ -45,7 +45,8 @@ def pruned_lenet5():
 
 @pytest.mark.parametrize("field, value", [("shapes", ()), ("shapes", ((16, 1),)), ("shapes", ((8, 16),)),
                                           ("shapes", ((16, 16, 1),)), ("gain_threshold", 0),
-                                          ("gain_threshold", True), ("accuracy_budget", -0.5), ("holdout", 1.0)])
+                                          ("gain_threshold", True), ("accuracy_budget", -0.5), ("holdout", 1.0),
+                                          ("steps", 0), ("steps", True), ("steps", 1.5)])
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"UnitSelectionConfig.{field}"):
         UnitSelectionConfig(**{field: value})
@@ -134,6 +135,36 @@ def test_reprune_select_with_units_end_to_end(small_digits):
     assert partial_units(masks["conv2"], 16, 16) <= 1  # re-pruned into 16 x 16 units (a magnitude mask is not)
 
 
+def test_reprune_select_with_units_in_rounds(small_digits, monkeypatch):
+    """steps=3: the kept plan is re-pruned from the dense model in three rounds of rising sparsity
+    (epochs 2 + retrain_epochs 1 = one epoch each) instead of a re-training of the magnitude model;
+    the last round ends at the target's kept count in 16 x 16 units on the convs, magnitude on fc1."""
+    from sparsecnn.prune import rounds as rounds_module
+
+    torch.manual_seed(0)
+    model = build_model("lenet5")
+    trained = []
+    real_train = rounds_module.train_epochs
+
+    def recording_train(model, batches, config, masks=None, description=""):
+        trained.append((description, config.epochs, round(float(masks["conv2"].float().mean()), 3)))
+        return real_train(model, batches, config, masks=masks, description=description)
+
+    monkeypatch.setattr(rounds_module, "train_epochs", recording_train)
+    units = UnitSelectionConfig(shapes=((16, 16),), accuracy_budget=100.0, steps=3)
+    masks = prune_with("reprune-select", model, small_digits, 0.9, epochs=2, retrain_epochs=1, batch_size=16,
+                       units=units, measure_unit_speed=lambda copy, inputs, convs: {conv: 2.0 for conv in convs})
+    assert model.sparsecnn_selection.plan == {"conv1": (16, 16), "conv2": (16, 16)}
+    assert [(description, epochs) for description, epochs, _ in trained] == \
+        [(f"reprune-select round {i}/3", 1) for i in (1, 2, 3)]
+    densities = [density for _, _, density in trained]
+    assert densities[0] > densities[1] > densities[2] < 0.2  # 0.1 kept, in units of 16 of conv2's 20 channels
+    for name, mask in masks.items():
+        assert not getattr(model, name).weight[~mask].any()
+    assert partial_units(masks["conv2"], 16, 16) <= 1
+    assert partial_units(masks["fc1"].reshape(*masks["fc1"].shape, 1, 1), 16, 16) > 1  # fc1: magnitude
+
+
 def test_tensorcore_gains_are_zero_where_tensorcore_does_not_run():
     """On a CPU without the interpreter `tensorcore` is not a candidate: every gain is 0.0, so no
     shape qualifies and reprune-select keeps the unstructured masks."""
@@ -168,3 +199,9 @@ def test_cli_reprune_select_takes_unit_shapes(tmp_path, monkeypatch, caplog):
     _, masks, _ = load_pruned(output)
     assert partial_units(masks["conv2"], 16, 16) > 1  # magnitude masks, not units
     assert "tried none (no shape qualified); no plan within the budget" in caplog.text
+
+
+def test_cli_unit_shapes_take_steps():
+    from sparsecnn.cli import _unit_selection
+
+    assert _unit_selection("16x16,64x32", 3) == UnitSelectionConfig(shapes=((16, 16), (64, 32)), steps=3)

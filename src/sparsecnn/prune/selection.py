@@ -16,6 +16,7 @@ method searches tensor-core unit shapes instead (`unit_selection`, `UnitSelectio
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
@@ -27,13 +28,16 @@ from sparsecnn.backends.blocks.format import BlockParams
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.registry import get_method
 from sparsecnn.prune.reprune import reprune_
+from sparsecnn.prune.rounds import prune_in_rounds
 from sparsecnn.prune.splits import top1_accuracy, training_batches
 from sparsecnn.prune.training import TrainConfig, train_epochs
 from sparsecnn.prune.trials import first_within_budget
 from sparsecnn.prune.unit_selection import (
     MeasureGains,
     UnitSelectionConfig,
+    Plan,
     measure_unit_gains,
+    reprune_units_,
     search_units,
     unit_plans,
 )
@@ -123,7 +127,9 @@ def reprune_select_method(model: nn.Module, split, sparsity, seed: int = 0, prog
       with `BlockParams(t2=t2)` as in "reprune";
     - with `units` (a `UnitSelectionConfig`), the tensor-core unit shapes (`unit_selection`): each
       shape's re-pruned copy timed by `measure_unit_speed(copy, (a training batch,), conv paths)`
-      (required; `sparsecnn.tuning.tensorcore_gains`), then `search_units` over `unit_plans`.
+      (required; `sparsecnn.tuning.tensorcore_gains`), then `search_units` over `unit_plans`; with
+      units.steps > 1 each plan re-prunes the dense model in rounds (`rounds.prune_in_rounds`), its
+      magnitude `epochs` (default 8) + `retrain_epochs` spread over them, instead of re-training.
     Returns the chosen masks; the report is logged and set as `model.sparsecnn_selection`."""
     if units is None and measure_gains is None:
         raise ValueError("reprune-select needs measure_gains, e.g. sparsecnn.tuning.block_gains "
@@ -133,6 +139,7 @@ def reprune_select_method(model: nn.Module, split, sparsity, seed: int = 0, prog
                          "(`sparsecnn prune --method reprune-select --unit-shapes ...` passes it)")
     selection = selection or SelectionConfig()
     fit = _holdout_split(split, (units or selection).holdout, seed)
+    dense_state = copy.deepcopy(model.state_dict()) if units is not None and units.steps > 1 else None
     masks = get_method("magnitude")(model, fit, sparsity, seed=seed, progress=progress, epochs=epochs,
                                     batch_size=batch_size, lr=lr, train=train)
     convs = [name for name, module in model.named_modules()
@@ -149,7 +156,14 @@ def reprune_select_method(model: nn.Module, split, sparsity, seed: int = 0, prog
 
     if units is not None:
         gains = measure_unit_gains(model, masks, example, convs, units.shapes, measure_unit_speed)
-        masks, report = search_units(model, masks, unit_plans(gains, units.gain_threshold), units, retrain, top1)
+        plans = unit_plans(gains, units.gain_threshold)
+        if dense_state is None:
+            masks, report = search_units(model, masks, plans, units, retrain, top1)
+        else:  # the rounds train the trial themselves
+            remask = _plan_in_rounds(dense_state, fit, sparsity, units.steps,
+                                     (8 if epochs is None else epochs) + retrain_epochs, seed=seed, progress=progress,
+                                     batch_size=batch_size, lr=lr, train=train)
+            masks, report = search_units(model, masks, plans, units, lambda trial, trial_masks: None, top1, remask)
     else:
         gains = measure_gains(model, example, convs)
         masks, report = search_b3(model, masks, layers_to_reprune(gains, selection.gain_threshold), selection,
@@ -158,6 +172,20 @@ def reprune_select_method(model: nn.Module, split, sparsity, seed: int = 0, prog
     model.sparsecnn_selection = report
     _LOG.info("reprune-select: %s", report.summary())
     return masks
+
+
+def _plan_in_rounds(dense_state: dict, split, sparsity, steps: int, epochs: int,
+                    **options) -> Callable[[nn.Module, Plan], Masks]:
+    """A `search_units` remask for units.steps > 1: the trial copy is reset to `dense_state` (the model
+    before magnitude pruning), then re-pruned into the plan in `steps` rounds of rising sparsity
+    with `epochs` in all (`rounds.prune_in_rounds`; options: its seed, progress, batch_size, lr, train)."""
+    def remask(trial: nn.Module, plan: Plan) -> Masks:
+        trial.load_state_dict(dense_state)
+        return prune_in_rounds(trial, split, sparsity, steps, epochs,
+                               lambda rounded, masks: reprune_units_(rounded, masks, plan),
+                               description="reprune-select", **options)
+
+    return remask
 
 
 @dataclasses.dataclass

@@ -45,10 +45,9 @@ from torch import nn
 from sparsecnn.backends.blocks.extraction import provide_blocks
 from sparsecnn.prune.magnitude import Masks
 from sparsecnn.prune.distributed import broadcast_tensors_
-from sparsecnn.prune.gradual import polynomial_sparsity
 from sparsecnn.prune.registry import get_method
+from sparsecnn.prune.rounds import check_steps, prune_in_rounds
 from sparsecnn.prune.splits import training_batches
-from sparsecnn.prune.targets import layer_sparsities
 from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
 
 TILE_SIZES = (16, 32, 64)
@@ -383,15 +382,15 @@ def reprune_tiles_method(model: nn.Module, split, sparsity, seed: int = 0, progr
     target, fine-tune `epochs`, default 8), then `reprune_tiles_` of the convs at the same kept count
     (`TileParams(tile, None, remainder, order, chunk)`), then `retrain_epochs` (default: `epochs` when given,
     else 4) of masked re-training. steps > 1: the same epochs in `steps` rounds instead
-    (`_gradual_tiles`), the targets rising to `sparsity`. Returns the tile masks (convs) and the
+    (`rounds.prune_in_rounds`), the targets rising to `sparsity`. Returns the tile masks (convs) and the
     magnitude masks (others)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     params = TileParams(tile=tile, sparsity=None, remainder=remainder, order=order, chunk=chunk)
     retrain = retrain_epochs if retrain_epochs is not None else (4 if epochs is None else epochs)
-    if steps > 1:
-        return _gradual_tiles(model, split, sparsity, params, steps, (8 if epochs is None else epochs) + retrain,
-                              seed=seed, progress=progress, batch_size=batch_size, lr=lr, train=train)
+    if check_steps(steps) > 1:
+        return prune_in_rounds(model, split, sparsity, steps, (8 if epochs is None else epochs) + retrain,
+                               lambda rounded, masks: reprune_tiles_(rounded, masks, params)[0], seed=seed,
+                               progress=progress, batch_size=batch_size, lr=lr, train=train,
+                               description="reprune-tiles")
     masks = get_method("magnitude")(model, split, sparsity, seed=seed, progress=progress, epochs=epochs,
                                     batch_size=batch_size, lr=lr, train=train)
     masks = _tiles(model, masks, params)
@@ -406,23 +405,4 @@ def _tiles(model: nn.Module, masks: Masks, params: TileParams) -> Masks:
     masks, _ = reprune_tiles_(model, masks, params)
     masks = broadcast_tensors_(masks)  # rank 0's re-pruning decisions
     apply_masks_(model, masks)
-    return masks
-
-
-def _gradual_tiles(model: nn.Module, split, sparsity, params: TileParams, steps: int, epochs: int, *, seed: int,
-                   progress: bool, batch_size: int, lr: float, train: Optional[TrainConfig]) -> Masks:
-    """`steps` rounds; round i prunes every layer by magnitude to `gradual.polynomial_sparsity(i,
-    steps, its target)` (the cubic schedule, reaching the target at the last round), re-prunes the
-    convs into tiles at that kept count, then trains `epochs // steps` epochs with those masks.
-    Why: one-shot re-pruning of a 90%-pruned alexnet-cifar into 16x16 units lost 1.39 points against
-    magnitude at equal epochs, three rounds 0.37 (docs/accuracy.md)."""
-    targets = layer_sparsities(model, sparsity)
-    batches = training_batches(model, split, batch_size, seed)
-    for step in range(1, steps + 1):
-        at_step = {name: polynomial_sparsity(step, steps, target) for name, target in targets.items()}
-        masks = get_method("magnitude")(model, split, at_step, seed=seed, progress=progress, epochs=0,
-                                        batch_size=batch_size, lr=lr, train=train)
-        masks = _tiles(model, masks, params)
-        train_epochs(model, batches, (train or TrainConfig()).phase(epochs // steps, lr, seed, progress), masks=masks,
-                     description=f"reprune-tiles round {step}/{steps}")
     return masks

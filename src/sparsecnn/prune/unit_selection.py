@@ -7,10 +7,13 @@ units of `chunk` input channels at one tap (`prune.tiles`, channel order kept), 
 count. Its gain is dense ms / `tensorcore` ms on the conv's real input: `measure_unit_gains`
 re-prunes a copy of the model per shape and times it with a `MeasureGains` function
 (`sparsecnn.tuning.tensorcore_gains`; tuning sits above prune, so it is passed in). A conv's
-shapes at or above `UnitSelectionConfig.gain_threshold` qualify, fastest first. Plan k puts every conv on its k-th fastest qualifying shape; a conv with fewer qualifying
-shapes keeps its unstructured mask there. The plans are tried in order (re-prune, re-train, score
+shapes at or above `UnitSelectionConfig.gain_threshold` qualify, fastest first. Plan k puts every
+conv on its k-th fastest qualifying shape; a conv with fewer qualifying shapes keeps its
+unstructured mask there. The plans are tried in order (re-prune, re-train, score
 on held-out training data, as `search_b3` does) and the first within `accuracy_budget` points of
-the unstructured model is kept; when none is, the unstructured masks stay.
+the unstructured model is kept; when none is, the unstructured masks stay. With `steps` > 1 a plan is
+tried in rounds of rising sparsity from the dense model instead (`rounds.prune_in_rounds`, the same
+epochs in all), as `reprune-tiles --steps` re-prunes.
 """
 from __future__ import annotations
 
@@ -38,12 +41,14 @@ class UnitSelectionConfig:
     shape qualifies for a conv where `tensorcore` on it is at least this many times faster than the
     dense conv (> 0); accuracy_budget: top-1 points a plan may lose against the unstructured pruned
     model on the held-out data (>= 0); holdout: fraction of the training data kept out of training
-    to measure that (0 < holdout < 1)."""
+    to measure that (0 < holdout < 1); steps: 1 re-prunes the magnitude-pruned model into a plan at
+    once, n > 1 re-prunes the dense model in n rounds of rising sparsity (module docstring)."""
 
     shapes: Tuple[Shape, ...] = ((16, 16), (32, 16), (32, 32), (64, 32))
     gain_threshold: float = 1.0
     accuracy_budget: float = 0.5
     holdout: float = 0.2
+    steps: int = 1
 
     def __post_init__(self):
         shapes = tuple(tuple(shape) for shape in self.shapes)
@@ -60,6 +65,8 @@ class UnitSelectionConfig:
             raise ValueError(f"UnitSelectionConfig.accuracy_budget must be a number >= 0, got {self.accuracy_budget!r}")
         if not isinstance(self.holdout, float) or not 0 < self.holdout < 1:
             raise ValueError(f"UnitSelectionConfig.holdout must be a float in (0, 1), got {self.holdout!r}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"UnitSelectionConfig.steps must be an int >= 1, got {self.steps!r}")
 
 
 @dataclasses.dataclass
@@ -130,12 +137,13 @@ def reprune_units_(model: nn.Module, masks: Masks, plan: Plan) -> Masks:
 
 
 def search_units(model: nn.Module, masks: Masks, plans: List[Plan], config: UnitSelectionConfig,
-                 retrain: Callable[[nn.Module, Masks], None],
-                 top1: Callable[[nn.Module], float]) -> Tuple[Masks, UnitSelectionReport]:
-    """`trials.first_within_budget` over `plans` (each re-pruned by `reprune_units_`) with
-    config.accuracy_budget: the kept plan's masks, or `masks` with `model` unchanged when none is
-    within. The report's gains are left empty for the caller."""
-    chosen, baseline, trials, plan = first_within_budget(
-        model, masks, plans, lambda trial, plan: reprune_units_(trial, masks, plan), retrain, top1,
-        config.accuracy_budget)
+                 retrain: Callable[[nn.Module, Masks], None], top1: Callable[[nn.Module], float],
+                 remask: Optional[Callable[[nn.Module, Plan], Masks]] = None) -> Tuple[Masks, UnitSelectionReport]:
+    """`trials.first_within_budget` over `plans` with config.accuracy_budget, each plan re-pruned by
+    `remask(copy, plan)` (None: `reprune_units_` of the copy from `masks`): the kept plan's masks,
+    or `masks` with `model` unchanged when none is within. The report's gains are left empty for the
+    caller."""
+    remask = remask or (lambda trial, plan: reprune_units_(trial, masks, plan))
+    chosen, baseline, trials, plan = first_within_budget(model, masks, plans, remask, retrain, top1,
+                                                         config.accuracy_budget)
     return chosen, UnitSelectionReport({}, baseline, trials, plan)
