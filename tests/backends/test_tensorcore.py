@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers.common import INTERPRET, needs_cuda, needs_interpreter
 
 from sparsecnn.backends import get_backend
-from sparsecnn.backends.tensorcore.format import code_row, pack_units, support_order
+from sparsecnn.backends.tensorcore.format import code_row, pack_units, padded_work, support_order
 from sparsecnn.core.reference import reference_conv, relative_error
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.nn import SparseConv2d
@@ -587,3 +587,64 @@ def test_candidate_packings_are_all_tested_on_the_gpu():
     assert {c.packing for c in configs} == {(g, c, order) for g, c in [(64, 32), (64, 64), (32, 32), (64, 16), (128, 32)]
                                             for order in ("support", "index")}
     assert {(c.block_m, c.num_warps, c.num_stages) for c in configs} == set(itertools.product((64, 128, 32), (4,), (3,)))
+
+
+@pytest.mark.parametrize("group, chunk", [(32, 32), (64, 16), (64, 32), (64, 64), (128, 32)])
+def test_padded_work_counts_the_mma_work_of_the_packing(group, chunk):
+    """`padded_work` (the tuner's cost model) equals the packed B tiles' size on odd shapes."""
+    for K, C, R, S, keep in ((33, 3, 3, 3, 0.3), (70, 40, 1, 1, 0.5), (128, 96, 3, 3, 0.05), (16, 8, 7, 7, 0.0)):
+        weight = unit_weight(K, C, R, S, 32, 16, keep=keep, scatter=0.01)
+        assert padded_work(weight, group, chunk) == pack_units(weight, group, chunk).values.numel()
+
+
+def channel_run_tiles(K, C, R, S, tile, chunk, keep=0.2, seed=0):
+    """A weight whose output channels, in runs of `tile` (index order), share kept units of `chunk`."""
+    gen = torch.Generator().manual_seed(seed)
+    kept = torch.rand(-(-K // tile), -(-C // chunk), R, S, generator=gen) < keep
+    mask = kept.repeat_interleave(tile, 0).repeat_interleave(chunk, 1)[:K, :C]
+    return torch.randn(K, C, R, S, generator=gen) * mask
+
+
+@needs_interpreter
+def test_tuning_times_the_widest_packings_of_least_work():
+    """On 64 x 32 channel-run tiles the packings that pad no work are 32 x 32, 64 x 16 and 64 x 32
+    (64 x 64 and 128 x 32 merge units): the widest group of those, 64, stays with both its chunks
+    and every launch; on any weight at least one config stays."""
+    from sparsecnn.backends.tensorcore.kernel import least_work_configs
+
+    spec = ConvSpec(32, 128, 256, 7, 7, 3, 3, 1, 1)
+    configs = auto_configs(spec, torch.float16)
+    kept = least_work_configs(channel_run_tiles(256, 128, 3, 3, 64, 32), configs)
+    assert {config.packing[:2] for config in kept} == {(64, 16), (64, 32)}
+    assert kept == [config for config in configs if config.packing[:2] in {(64, 16), (64, 32)}]
+    assert any(config.unroll > 1 for config in kept)  # a 7 x 7 layer's small-grid launches stay too
+    odd = ConvSpec(1, 3, 33, 13, 13, 3, 3, 2, 1)
+    for weight in (unit_weight(33, 3, 3, 3, 32, 16, keep=0.3, scatter=0.05), torch.zeros(33, 3, 3, 3)):
+        assert least_work_configs(weight, auto_configs(odd, torch.float32))
+
+
+@needs_interpreter
+def test_auto_tuning_offers_only_the_configs_the_weight_keeps(monkeypatch):
+    """`candidates_for` with the layer's weight hands a backend's auto configs to its `weight_configs`;
+    named backends (an explicit list) and calls without a weight get every config."""
+    from sparsecnn.tuning import select
+    from sparsecnn.tuning.precision import resolve_policy
+
+    seen = []
+
+    def first_only(weight, configs):
+        seen.append(len(configs))
+        return configs[:1]
+
+    real = select.get_backend
+    tensorcore = dataclasses.replace(real("tensorcore"), weight_configs=first_only, autotune_devices=None)
+    monkeypatch.setattr(select, "get_backend", lambda name: tensorcore if name == "tensorcore" else real(name))
+    spec, policy = ConvSpec(2, 64, 64, 9, 9, 3, 3, 1, 1), resolve_policy("fp16", torch.float16)
+    weight = channel_run_tiles(64, 64, 3, 3, 64, 32)
+
+    def offered(**kwargs):
+        return [c for c in select.candidates_for(spec, policy, "cuda", **kwargs) if c.backend == "tensorcore"]
+
+    assert len(offered(weight=weight)) == 1 and seen == [len(auto_configs(spec, torch.float16))] and seen[0] > 1
+    assert len(offered()) == seen[0]
+    assert len(offered(backends=["tensorcore"], weight=weight)) > seen[0]  # named: every candidate config

@@ -88,6 +88,9 @@ class Backend:
     runs); e.g. a Triton backend runs on CPU only in the interpreter, for tests.
     auto_configs(spec, dtype), optional: the configs `backend="auto"` tries when the backend is
     not named (None: all of `configs`); for backends whose every config costs work per layer.
+    weight_configs(weight, configs), optional: of those auto configs, the ones worth timing for
+    this (K, C, R, S) weight with zeros, by a cost model (the tuner measures among the kept ones;
+    it must keep at least one).
     prefetch(spec, weight, dtype, has_bias, configs=None, relu_only=False), optional: start
     preparing work for a (K, C, R, S) weight that will be tuned with `configs` (None: its
     `auto_configs`) on inputs of `spec`'s shape at `dtype` (e.g. in worker processes), bound with
@@ -126,6 +129,7 @@ class Backend:
     config_from_dict: Callable[[dict], Any] = lambda saved: None
     autotune_devices: Optional[Tuple[str, ...]] = None
     auto_configs: Optional[Callable[[ConvSpec, torch.dtype], List[Any]]] = None
+    weight_configs: Optional[Callable[[torch.Tensor, List[Any]], List[Any]]] = None
     prefetch: Optional[Callable[..., None]] = None
     bind_relu: Optional[BindFn] = None
     pending: Optional[Callable[..., bool]] = None

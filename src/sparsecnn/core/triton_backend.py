@@ -62,11 +62,11 @@ def op_static_args(packed, spec: ConvSpec, config: Any) -> tuple:
 
 
 def register_triton_backend(name: str, description: str, kernels: Callable[[], ModuleType], config_class: str,
-                            prepare, bind, prefetch=None, auto_configs=None,
+                            prepare, bind, prefetch=None, auto_configs=None, weight_configs=None,
                             batch_inner: Callable[[Any], bool] = not_batch_inner, channels_last: bool = False) -> Backend:
     """Register a Triton backend whose kernel module (imported lazily by `kernels()`) provides
     `candidate_configs(spec, dtype)` and the config dataclass named `config_class`; prefetch,
-    auto_configs, batch_inner and channels_last: see `Backend`."""
+    auto_configs, weight_configs, batch_inner and channels_last: see `Backend`."""
     return register_backend(Backend(
         name=name,
         description=description,
@@ -79,6 +79,7 @@ def register_triton_backend(name: str, description: str, kernels: Callable[[], M
         config_from_dict=lambda saved: getattr(kernels(), config_class).from_dict(saved),
         prefetch=prefetch,
         auto_configs=auto_configs,
+        weight_configs=weight_configs,
         batch_inner=batch_inner,
         channels_last=channels_last,
     ))

@@ -46,7 +46,8 @@ class Candidate:
         return self.backend, config_to_dict(self.config)
 
 
-def _configs(name: str, spec: ConvSpec, policy: PrecisionPolicy, auto_only: bool) -> List[Any]:
+def _configs(name: str, spec: ConvSpec, policy: PrecisionPolicy, auto_only: bool,
+             weight: Optional[torch.Tensor]) -> List[Any]:
     backend = get_backend(name)
     configs = backend.configs(spec, policy.dtype)
     if policy.allow_tf32 and policy.dtype == torch.float32:
@@ -54,15 +55,19 @@ def _configs(name: str, spec: ConvSpec, policy: PrecisionPolicy, auto_only: bool
     if auto_only and backend.auto_configs is not None:  # an auto list may name TF32 variants
         auto = backend.auto_configs(spec, policy.dtype)
         configs = [config for config in configs if config in auto]
-    return [config for config in dict.fromkeys(configs) if policy.allow_tf32 or not uses_tf32(name, config)]
+    configs = [config for config in dict.fromkeys(configs) if policy.allow_tf32 or not uses_tf32(name, config)]
+    if auto_only and weight is not None and backend.weight_configs is not None and configs:
+        configs = backend.weight_configs(weight, configs)
+    return configs
 
 
 def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
-                   backends: Optional[List[str]] = None) -> List[Candidate]:
+                   backends: Optional[List[str]] = None, weight: Optional[torch.Tensor] = None) -> List[Candidate]:
     """Every (backend, config) that runs `spec` at the policy's dtype on `device_type`.
 
     The dense backends are always included. Without an explicit `backends` list, a backend is
-    skipped on devices outside its `autotune_devices` and offers only its `auto_configs`. TF32
+    skipped on devices outside its `autotune_devices` and offers only its `auto_configs`, and of
+    those, given the layer's masked `weight`, only the ones its `weight_configs` keeps. TF32
     candidates (a `dense-tf32` backend, and for fp32 the "tf32" variant of every config with a
     `precision` field) appear only when the policy allows TF32. A backend whose `machine_check`
     fails (no compiler, no kernel loader) is left out, with one warning per process and reason.
@@ -80,7 +85,7 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
         if why is not None:
             unavailable.setdefault(why, []).append(name)
             continue
-        configs = _configs(name, spec, policy, auto_only=backends is None)
+        configs = _configs(name, spec, policy, backends is None, weight)
         found.extend(Candidate(name, config) for config in configs)
     for why, left_out in unavailable.items():
         _say_once(f"{', '.join(left_out)} not tried: {why}")
@@ -324,7 +329,7 @@ def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionP
     relu_only: the layer computes relu(conv + bias), no residual (see `Backend.bind_for`).
     """
     configs: Dict[str, List[Any]] = {}
-    for candidate in candidates_for(spec, policy, device_type, backends):
+    for candidate in candidates_for(spec, policy, device_type, backends, weight):
         configs.setdefault(candidate.backend, []).append(candidate.config)
     for name, offered in configs.items():
         prefetch = get_backend(name).prefetch

@@ -379,7 +379,7 @@ class _LayerTuning:
         spec = layer.spec_for(x)
         as_2d = (lambda t: t.unsqueeze(2)) if layer.conv_dims == 1 else (lambda t: t)
         weight = layer.weight_4d().detach().contiguous()
-        candidates = candidates_for(spec, self.policy, x.device.type, self.backends)
+        candidates = candidates_for(spec, self.policy, x.device.type, self.backends, weight)
         pending = pending_candidates(candidates, spec, weight, self.policy.dtype, has_bias=layer.bias is not None,
                                      relu_only=layer.relu_only)
         arguments = (as_2d(x), weight, layer.bias, spec, self.policy, candidates, self.timer, self.cache)

@@ -55,4 +55,5 @@ TENSORCORE = register_triton_backend(
     "implicit GEMM on tensor cores over each output-channel group's kept units (runs of input channels at one "
     "tap), NHWC, Triton",
     _kernels, "TensorCoreConfig", _prepare, _bind,
-    auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype), channels_last=True)
+    auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype),
+    weight_configs=lambda weight, configs: _kernels().least_work_configs(weight, configs), channels_last=True)

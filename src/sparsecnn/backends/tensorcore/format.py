@@ -119,6 +119,18 @@ def support_order(weight: torch.Tensor, chunk: int, group: int) -> list:
 ORDERS = ("index", "support")
 
 
+def padded_work(weight: torch.Tensor, group: int, chunk: int) -> int:
+    """Multiply-adds per output pixel that `pack_units(weight, group, chunk)` (index order) runs on
+    tensor cores: its kept units x group x chunk, the zeros inside kept units and the padding of the
+    last group and chunk included. weight: (K, C, R, S) with zeros."""
+    K, C, R, S = weight.shape
+    num_groups, chunks = -(-K // group), -(-C // chunk)
+    nonzero = torch.zeros(num_groups * group, chunks * chunk, R, S, dtype=torch.bool, device=weight.device)
+    nonzero[:K, :C] = weight.detach().ne(0)
+    units = nonzero.reshape(num_groups, group, chunks, chunk, R, S).any(dim=3).any(dim=1).sum()
+    return int(units) * group * chunk
+
+
 def pack_units(weight: torch.Tensor, group: int, chunk: int,
                order: Union[str, Sequence[int]] = "index") -> UnitWeights:
     """Pack a dense (K, C, R, S) `weight` with zeros into units of `chunk` input channels for

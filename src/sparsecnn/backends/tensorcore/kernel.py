@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sparsecnn.backends.tensorcore.format import ORDERS, UnitWeights
+from sparsecnn.backends.tensorcore.format import ORDERS, UnitWeights, padded_work
 from sparsecnn.backends.tensorcore.tma_kernel import (TILE_SHAPES, group_units, tma_eligible, tma_shape_ok,
                                                       tma_unit_conv, unit_at, unit_slots)
 import sparsecnn.settings as settings
@@ -270,10 +270,24 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     return list(dict.fromkeys(configs))
 
 
+def least_work_configs(weight: torch.Tensor, configs: List[TensorCoreConfig]) -> List[TensorCoreConfig]:
+    """Of `configs` (each launch kept), those whose packing pads the least MMA work for `weight`
+    (`format.padded_work`, index order) and, among those, has the widest group: the tuner times
+    only these. Layer times of every auto packing (H200, fp16, N=32, the 16 DLMC layers in 64 x 32
+    tiles, benchmarks/results/2026-12-04-h200-tensorcore-fp16-n32-414b038.jsonl): the fastest config
+    kept here was the fastest of all on 13 layers and within 3.4% on the other 3 (128 x 32, which
+    pads 1.5-2x the work, won those); 64 x 64 and 32 x 32 were never the fastest. Each packing left
+    out saves its compiles in tuning. weight: (K, C, R, S) with zeros."""
+    work = {packing: padded_work(weight, *packing[:2]) for packing in dict.fromkeys(c.packing for c in configs)}
+    least = min(work.values())
+    widest = max(packing[0] for packing, cost in work.items() if cost == least)
+    return [config for config in configs if work[config.packing] == least and config.group == widest]
+
+
 def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     """What `backend="auto"` tries: every packing in index order at the default launch (the probe's
-    most frequent winner, within 1% elsewhere), so tuning a model costs one compile per packing, and
-    at _SMALL_GRID_LAUNCH where `candidate_configs` offers it (a second compile per packing); for
+    most frequent winner, within 1% elsewhere), so tuning a model costs one compile per packing
+    that `least_work_configs` keeps for the layer's weight, and at _SMALL_GRID_LAUNCH where `candidate_configs` offers it (a second compile per packing); for
     fp32 only the TF32 variants (exact fp32 on FMA units never beat cuDNN), which the tuner offers
     only under a policy that allows TF32. TMA configs are left out (within 9% of the pointer
     kernel, `_TMA_LAUNCHES`: not worth a compile each in tuning). Support order is left out: its
