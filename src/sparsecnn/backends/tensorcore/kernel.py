@@ -287,7 +287,8 @@ def least_work_configs(weight: torch.Tensor, configs: List[TensorCoreConfig]) ->
 def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     """What `backend="auto"` tries: every packing in index order at the default launch (the probe's
     most frequent winner, within 1% elsewhere), so tuning a model costs one compile per packing
-    that `least_work_configs` keeps for the layer's weight, and at _SMALL_GRID_LAUNCH where `candidate_configs` offers it (a second compile per packing); for
+    that `least_work_configs` keeps for the layer's weight, and at _SMALL_GRID_LAUNCH where
+    `candidate_configs` offers it (a second compile per packing); for
     fp32 only the TF32 variants (exact fp32 on FMA units never beat cuDNN), which the tuner offers
     only under a policy that allows TF32. TMA configs are left out (within 9% of the pointer
     kernel, `_TMA_LAUNCHES`: not worth a compile each in tuning). Support order is left out: its
