@@ -606,21 +606,22 @@ def channel_run_tiles(K, C, R, S, tile, chunk, keep=0.2, seed=0):
 
 
 @needs_interpreter
-def test_tuning_times_the_widest_packings_of_least_work():
+def test_tuning_times_the_packings_of_least_work():
     """On 64 x 32 channel-run tiles the packings that pad no work are 32 x 32, 64 x 16 and 64 x 32
-    (64 x 64 and 128 x 32 merge units): the widest group of those, 64, stays with both its chunks
-    and every launch; on any weight at least one config stays."""
-    from sparsecnn.backends.tensorcore.kernel import least_work_configs
+    (64 x 64 and 128 x 32 merge units): those stay, with every launch. On an unstructured 90% mask
+    every packing pads the dense work: none stays. An all-zero weight pads nothing: all stay."""
+    from sparsecnn.backends.tensorcore.kernel import MAX_WORK_FRACTION, least_work_configs
 
     spec = ConvSpec(32, 128, 256, 7, 7, 3, 3, 1, 1)
     configs = auto_configs(spec, torch.float16)
     kept = least_work_configs(channel_run_tiles(256, 128, 3, 3, 64, 32), configs)
-    assert {config.packing[:2] for config in kept} == {(64, 16), (64, 32)}
-    assert kept == [config for config in configs if config.packing[:2] in {(64, 16), (64, 32)}]
+    assert {config.packing[:2] for config in kept} == {(32, 32), (64, 16), (64, 32)}
+    assert kept == [config for config in configs if config.packing[:2] in {(32, 32), (64, 16), (64, 32)}]
     assert any(config.unroll > 1 for config in kept)  # a 7 x 7 layer's small-grid launches stay too
-    odd = ConvSpec(1, 3, 33, 13, 13, 3, 3, 2, 1)
-    for weight in (unit_weight(33, 3, 3, 3, 32, 16, keep=0.3, scatter=0.05), torch.zeros(33, 3, 3, 3)):
-        assert least_work_configs(weight, auto_configs(odd, torch.float32))
+    unstructured = torch.randn(256, 128, 3, 3) * (torch.rand(256, 128, 3, 3) < 0.1)
+    assert padded_work(unstructured, 32, 32) > MAX_WORK_FRACTION * unstructured.numel()
+    assert least_work_configs(unstructured, configs) == []
+    assert least_work_configs(torch.zeros(256, 128, 3, 3), configs) == configs
 
 
 @needs_interpreter
@@ -648,3 +649,6 @@ def test_auto_tuning_offers_only_the_configs_the_weight_keeps(monkeypatch):
     assert len(offered(weight=weight)) == 1 and seen == [len(auto_configs(spec, torch.float16))] and seen[0] > 1
     assert len(offered()) == seen[0]
     assert len(offered(backends=["tensorcore"], weight=weight)) > seen[0]  # named: every candidate config
+    none = dataclasses.replace(tensorcore, weight_configs=lambda weight, configs: [])
+    monkeypatch.setattr(select, "get_backend", lambda name: none if name == "tensorcore" else real(name))
+    assert offered(weight=weight) == [] and offered() != []  # a cost model may rule the backend out

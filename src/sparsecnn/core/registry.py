@@ -90,7 +90,7 @@ class Backend:
     not named (None: all of `configs`); for backends whose every config costs work per layer.
     weight_configs(weight, configs), optional: of those auto configs, the ones worth timing for
     this (K, C, R, S) weight with zeros, by a cost model (the tuner measures among the kept ones;
-    it must keep at least one).
+    none: the backend is not timed on this layer).
     prefetch(spec, weight, dtype, has_bias, configs=None, relu_only=False), optional: start
     preparing work for a (K, C, R, S) weight that will be tuned with `configs` (None: its
     `auto_configs`) on inputs of `spec`'s shape at `dtype` (e.g. in worker processes), bound with

@@ -270,18 +270,28 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     return list(dict.fromkeys(configs))
 
 
+# A layer is not timed on tensorcore where even its packing of least work pads over this fraction of
+# the dense MMA work (K x C x R x S per output pixel): on the DLMC layers at 10% density it ran 1.5x
+# (fp16) and 1.9x (TF32) faster than cuDNN, so it breaks even near 15-19% of the dense work. On
+# unstructured masks every unit holds a non-zero, and every packing pads the dense work.
+MAX_WORK_FRACTION = 0.5
+
+
 def least_work_configs(weight: torch.Tensor, configs: List[TensorCoreConfig]) -> List[TensorCoreConfig]:
     """Of `configs` (each launch kept), those whose packing pads the least MMA work for `weight`
-    (`format.padded_work`, index order) and, among those, has the widest group: the tuner times
-    only these. Layer times of every auto packing (H200, fp16, N=32, the 16 DLMC layers in 64 x 32
-    tiles, benchmarks/results/2026-12-04-h200-tensorcore-fp16-n32-414b038.jsonl): the fastest config
-    kept here was the fastest of all on 13 layers and within 3.4% on the other 3 (128 x 32, which
-    pads 1.5-2x the work, won those); 64 x 64 and 32 x 32 were never the fastest. Each packing left
-    out saves its compiles in tuning. weight: (K, C, R, S) with zeros."""
+    (`format.padded_work`, index order): the tuner times only these; none where that work is over
+    MAX_WORK_FRACTION of the dense layer's. Replayed on every auto config's recorded time on the 16
+    DLMC layers in 64 x 32 tiles (H200, N=32: fp16 414b038, bf16 and TF32 c5815d0; N=1 fp16 c5815d0,
+    files in benchmarks/results): the fastest kept config is the fastest of all on every TF32 layer,
+    on 13 of 16 fp16 and bf16 layers and 12 of 16 at N=1, and within 7% elsewhere (where 128 x 32
+    or 64 x 64, padding 1.5-2x the work, won). Among the packings of least work the fastest differs
+    by dtype (64 x 32 in fp16, 32 x 32 in TF32), so all of them stay. Each packing left out saves
+    its compiles in tuning. weight: (K, C, R, S) with zeros."""
     work = {packing: padded_work(weight, *packing[:2]) for packing in dict.fromkeys(c.packing for c in configs)}
     least = min(work.values())
-    widest = max(packing[0] for packing, cost in work.items() if cost == least)
-    return [config for config in configs if work[config.packing] == least and config.group == widest]
+    if least > MAX_WORK_FRACTION * weight.numel():
+        return []
+    return [config for config in configs if work[config.packing] == least]
 
 
 def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
