@@ -26,10 +26,10 @@ from sparsecnn.prune.training import TrainConfig, apply_masks_, train_epochs
 Restructure = Callable[[nn.Module, Masks], Masks]
 
 
-def check_steps(steps) -> int:
-    """`steps` if it is an int >= 1, else ValueError naming it."""
+def check_steps(steps, name: str = "steps") -> int:
+    """`steps` if it is an int >= 1, else ValueError naming it as `name`."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        raise ValueError(f"{name} must be an int >= 1, got {steps!r}")
     return steps
 
 

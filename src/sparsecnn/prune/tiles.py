@@ -393,16 +393,10 @@ def reprune_tiles_method(model: nn.Module, split, sparsity, seed: int = 0, progr
                                description="reprune-tiles")
     masks = get_method("magnitude")(model, split, sparsity, seed=seed, progress=progress, epochs=epochs,
                                     batch_size=batch_size, lr=lr, train=train)
-    masks = _tiles(model, masks, params)
-    train_epochs(model, training_batches(model, split, batch_size, seed),
-                 (train or TrainConfig()).phase(retrain, lr, seed, progress), masks=masks,
-                 description="reprune-tiles re-train")
-    return masks
-
-
-def _tiles(model: nn.Module, masks: Masks, params: TileParams) -> Masks:
-    """`reprune_tiles_` of the convs `masks` names, rank 0's decisions on every rank, weights masked."""
     masks, _ = reprune_tiles_(model, masks, params)
     masks = broadcast_tensors_(masks)  # rank 0's re-pruning decisions
     apply_masks_(model, masks)
+    train_epochs(model, training_batches(model, split, batch_size, seed),
+                 (train or TrainConfig()).phase(retrain, lr, seed, progress), masks=masks,
+                 description="reprune-tiles re-train")
     return masks

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from sparsecnn.prune.magnitude import Masks
+from sparsecnn.prune.rounds import check_steps
 from sparsecnn.prune.tiles import CHUNK_SIZES, TILE_SIZES, TileParams, reprune_tiles_
 from sparsecnn.prune.trials import first_within_budget
 
@@ -65,8 +66,7 @@ class UnitSelectionConfig:
             raise ValueError(f"UnitSelectionConfig.accuracy_budget must be a number >= 0, got {self.accuracy_budget!r}")
         if not isinstance(self.holdout, float) or not 0 < self.holdout < 1:
             raise ValueError(f"UnitSelectionConfig.holdout must be a float in (0, 1), got {self.holdout!r}")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"UnitSelectionConfig.steps must be an int >= 1, got {self.steps!r}")
+        check_steps(self.steps, "UnitSelectionConfig.steps")
 
 
 @dataclasses.dataclass

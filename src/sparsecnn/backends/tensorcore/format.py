@@ -119,16 +119,22 @@ def support_order(weight: torch.Tensor, chunk: int, group: int) -> list:
 ORDERS = ("index", "support")
 
 
+def _kept_units(padded: torch.Tensor, group: int, chunk: int) -> torch.Tensor:
+    """(groups, chunks, R, S) bool: which units of a weight padded to whole groups and chunks
+    ((groups * group, chunks * chunk, R, S)) hold a non-zero."""
+    rows, channels, R, S = padded.shape
+    return padded.reshape(rows // group, group, channels // chunk, chunk, R, S).ne(0).any(dim=3).any(dim=1)
+
+
 def padded_work(weight: torch.Tensor, group: int, chunk: int) -> int:
     """Multiply-adds per output pixel that `pack_units(weight, group, chunk)` (index order) runs on
     tensor cores: its kept units x group x chunk, the zeros inside kept units and the padding of the
     last group and chunk included. weight: (K, C, R, S) with zeros."""
     K, C, R, S = weight.shape
-    num_groups, chunks = -(-K // group), -(-C // chunk)
-    nonzero = torch.zeros(num_groups * group, chunks * chunk, R, S, dtype=torch.bool, device=weight.device)
+    nonzero = torch.zeros(-(-K // group) * group, -(-C // chunk) * chunk, R, S, dtype=torch.bool,
+                          device=weight.device)
     nonzero[:K, :C] = weight.detach().ne(0)
-    units = nonzero.reshape(num_groups, group, chunks, chunk, R, S).any(dim=3).any(dim=1).sum()
-    return int(units) * group * chunk
+    return int(_kept_units(nonzero, group, chunk).sum()) * group * chunk
 
 
 def pack_units(weight: torch.Tensor, group: int, chunk: int,
@@ -157,7 +163,7 @@ def pack_units(weight: torch.Tensor, group: int, chunk: int,
     padded = torch.zeros(num_groups * group, chunks * chunk, R, S, dtype=weight.dtype, device=weight.device)
     padded[:K, :C] = weight.detach()[rows[:K].to(weight.device)]
     blocks = padded.reshape(num_groups, group, chunks, chunk, R, S)
-    kept = blocks.ne(0).any(dim=3).any(dim=1)  # (groups, chunks, R, S)
+    kept = _kept_units(padded, group, chunk)
     g, c, r, s = kept.nonzero(as_tuple=True)  # lexicographic: by group, then (chunk, r, s)
     values = blocks[g, :, c, :, r, s]  # (U, group, chunk)
     counts = torch.bincount(g, minlength=num_groups)
