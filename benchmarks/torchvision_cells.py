@@ -254,7 +254,8 @@ def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: 
     with dtype=None (an fp32 model at PyTorch's defaults on CUDA: "fp32-default"), each from an
     empty decision cache on input N(0, 1) of (batch, 3, hw, hw). One row per run: the results schema,
     kind "tuning", dtype "tf32", median_ms null, config {"run", "tune_s", "phases_s", "policy", "kept",
-    "sparse_layers", "layers"}."""
+    "sparse_layers", "layers", "worker_jobs" (seconds per worker pool: `core.workers.JobTimes`), "choices"
+    (layer -> [chosen candidate, its ms, dense ms, candidates timed])}."""
     given = pruned(name, setup).to(setup.device)
     x = torch.randn(batch, 3, setup.hw, setup.hw, device=setup.device)
     rows = []
@@ -269,7 +270,9 @@ def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: 
         report = model.sparsecnn_report
         config = {"run": index, "tune_s": round(tune_s, 2), "phases_s": {k: round(v, 2) for k, v in report.phase_s.items()},
                   "policy": report.policy, "kept": report.model_check.kept if report.model_check else None,
-                  **conv_counts(model)}
+                  **conv_counts(model), "worker_jobs": report.worker_jobs,
+                  "choices": {layer.name: [layer.choice, round(layer.time_ms, 4), round(layer.dense_ms, 4),
+                                           len(layer.times_ms)] for layer in report.layers}}
         rows.append({**result_row(env, run, Cell(name, "fp32", batch), "auto", "cudagraph", {"median_ms": None},
                                   None, config), "kind": "tuning"})
     return rows

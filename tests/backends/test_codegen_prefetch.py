@@ -1,7 +1,8 @@
-"""Backend `codegen` in `backend="auto"`: only its default config, compiled ahead of tuning in worker
-processes at the input shape each layer will see, and taken by `bind` instead of compiling again;
+"""Backend `codegen` in `backend="auto"`: only its default config, in emit mode, compiled ahead of
+tuning in worker processes at the input shape each layer will see, and taken by `bind` instead of compiling again;
 compiled in-process whenever a worker cannot help. Pools here run jobs inline (spawned workers
 import torch: seconds), except where a real process pool is the point."""
+import dataclasses
 import logging
 from concurrent.futures import Future
 
@@ -59,10 +60,11 @@ def _labels(candidates, backend="codegen"):
     return [c.config for c in candidates if c.backend == backend]
 
 
-def test_auto_offers_the_default_config_on_cuda_and_every_config_when_named():
+def test_auto_offers_the_default_config_in_emit_mode_on_cuda_and_every_config_when_named():
     every = codegen.candidate_configs(SPEC, torch.float32)
-    assert len(every) >= 3
-    assert _labels(candidates_for(SPEC, FP32, "cuda")) == every[:1] == [codegen.default_config(SPEC)]
+    assert len(every) >= 3 and every[0] == codegen.default_config(SPEC) and every[0].mode == "rewrite"
+    emit = dataclasses.replace(every[0], mode="emit")
+    assert _labels(candidates_for(SPEC, FP32, "cuda")) == [emit] and emit in every
     assert _labels(candidates_for(SPEC, FP32, "cuda", ["codegen"])) == every
     assert _labels(candidates_for(SPEC, FP32, "cpu")) == []  # CUDA only
     too_big = ConvSpec(1, 1024, 2048, 7, 7, 1, 1)  # 2M weights to unroll: over the cap
@@ -91,6 +93,11 @@ def _weight():
     return torch.from_numpy(sparse(SPEC.weight_shape, 0.8))
 
 
+def _auto(dtype=torch.float32):
+    """The config `backend="auto"` compiles for SPEC, which `prefetch` compiles ahead."""
+    return get_backend("codegen").auto_configs(SPEC, dtype)[0]
+
+
 @needs_tools
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_bind_takes_the_prefetched_compile(inline_workers, monkeypatch, dtype):
@@ -100,14 +107,15 @@ def test_bind_takes_the_prefetched_compile(inline_workers, monkeypatch, dtype):
     backend.prefetch(SPEC, weight, dtype, True)
     backend.prefetch(SPEC, weight, dtype, True)  # pending already: not submitted twice
     assert pool.jobs == 1 and len(workers.pending) == 1
-    expected = codegen.compile_conv(weight, SPEC, None, has_bias=True, dtype=dtype)
+    config = _auto(dtype)
+    expected = codegen.compile_conv(weight, SPEC, config, has_bias=True, dtype=dtype)
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("compiled in-process although a worker had compiled it")
 
     monkeypatch.setattr(codegen, "compile_conv", no_compiling)
     reset_job_times()
-    call = backend.bind(backend.prepare(weight, None), SPEC, None, dtype, True)
+    call = backend.bind(backend.prepare(weight, None), SPEC, config, dtype, True)
     assert not workers.pending
     assert call.keepalive.cubins == expected.cubins and call.keepalive.plan == expected.plan
     times = job_times()["codegen compile"]
@@ -123,10 +131,10 @@ def test_a_different_weight_shape_or_bias_is_compiled_in_process(inline_workers)
     other = weight.clone()
     other[0, 0, 0, 0] += 1.0
     packed = backend.prepare(other, None)
-    compiled = packed.compiled(SPEC, None, True, torch.float32)
+    compiled = packed.compiled(SPEC, _auto(), True, torch.float32)
     assert len(workers.pending) == 1  # the prefetched one is still owed: a different weight
-    assert compiled.cubins == codegen.compile_conv(other, SPEC, None, has_bias=True).cubins
-    backend.prepare(weight, None).compiled(SPEC, None, False, torch.float32)  # no bias: another kernel
+    assert compiled.cubins == codegen.compile_conv(other, SPEC, _auto(), has_bias=True).cubins
+    backend.prepare(weight, None).compiled(SPEC, _auto(), False, torch.float32)  # no bias: another kernel
     assert len(workers.pending) == 1
 
 
@@ -138,9 +146,9 @@ def test_a_failed_worker_compile_means_compiling_in_process(inline_workers, monk
     weight = _weight()
     backend.prefetch(SPEC, weight, torch.float32, True)
     with caplog.at_level(logging.WARNING, logger="sparsecnn.backends.codegen.backend"):
-        compiled = backend.prepare(weight, None).compiled(SPEC, None, True, torch.float32)
+        compiled = backend.prepare(weight, None).compiled(SPEC, _auto(), True, torch.float32)
     assert "ZeroDivisionError" in caplog.text and not workers.pending
-    assert compiled.cubins == codegen.compile_conv(weight, SPEC, None, has_bias=True).cubins
+    assert compiled.cubins == codegen.compile_conv(weight, SPEC, _auto(), has_bias=True).cubins
 
 
 def test_unsupported_layers_are_not_prefetched(inline_workers):
@@ -161,11 +169,11 @@ def test_a_real_worker_process_compiles_the_same_kernels(monkeypatch):
     try:
         backend.prefetch(SPEC, weight, torch.float32, True)
         assert workers.pool is not None and len(workers.pending) == 1
-        compiled = backend.prepare(weight, None).compiled(SPEC, None, True, torch.float32)
+        compiled = backend.prepare(weight, None).compiled(SPEC, _auto(), True, torch.float32)
     finally:
         workers.shutdown()
     assert not workers.pending
-    assert compiled.cubins == codegen.compile_conv(weight, SPEC, None, has_bias=True).cubins
+    assert compiled.cubins == codegen.compile_conv(weight, SPEC, _auto(), has_bias=True).cubins
 
 
 class _DenseTimer:

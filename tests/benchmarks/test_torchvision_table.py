@@ -90,3 +90,6 @@ def test_tuning_rows_time_each_cold_tuning_and_its_phases():
         assert config["tune_s"] > 0 and config["phases_s"]["total"] <= config["tune_s"]
         assert {"reference pass", "layers", "model check"} <= set(config["phases_s"])
         assert config["layers"] == 3 and config["policy"] == "fp32"
+        assert len(config["choices"]) == 3 and isinstance(config["worker_jobs"], dict)
+        for choice, choice_ms, dense_ms, timed in config["choices"].values():
+            assert isinstance(choice, str) and choice_ms > 0 and dense_ms > 0 and timed >= 1

@@ -8,12 +8,13 @@ launch loads the modules). Runs go through the op `sparsecnn::codegen_conv2d`, w
 compiled kernels by a handle (see core/op_support.py).
 
 Compiling a layer is slow (nvcc, then ptxas), so `backend="auto"` tries only the default
-config (`auto_configs`), and `prefetch` compiles it in worker processes (`workers.WorkerPool`, at
+config, in emit mode (`auto_configs`), and `prefetch` compiles it in worker processes (`workers.WorkerPool`, at
 most $SPARSECNN_CODEGEN_WORKERS) while earlier layers are timed; `bind` then takes the result.
 Importing this module imports neither cuda-python nor CuPy and does not touch CUDA.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -38,7 +39,7 @@ from sparsecnn.core.workers import NOTHING, WorkerPool
 # K*C*R*S beyond this unrolls into so many kernels (each <= DEFAULT_MAX_KERNEL_FMAS template FMAs,
 # nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
 MAX_UNROLLED_WEIGHTS = 1 << 20
-# `backend="auto"` compiles only the default config, and only for layers whose output channels fit
+# `backend="auto"` compiles only the default config (in emit mode), and only for layers whose output channels fit
 # in at most this many kernels (slices): each slice reads the whole input again, and compile time
 # grows with the slices. On ResNet-50 (DLMC 0.9, fp32) codegen won most one-slice layers against
 # dense but few multi-slice ones, by little, and those took most of the compile time that tuning
@@ -174,12 +175,18 @@ def _configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
 
 
 def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
-    """[the default config] when its plan has at most MAX_AUTO_SLICES slices, else []; [] for
-    strided 1x1 layers (downsampling shortcuts): codegen never beat direct or dense on one in the
-    model runs, and their templates compile slowly."""
+    """[the default config in emit mode] when its plan has at most MAX_AUTO_SLICES slices, else [];
+    [] for strided 1x1 layers (downsampling shortcuts): codegen never beat direct or dense on one in
+    the model runs.
+
+    Emit, not rewrite: for one slice, ptxas makes the same SASS from both (the same instructions,
+    most kernels byte for byte), but nvcc on the template of every weight costs 6-9x nvcc on the
+    kept terms when the template is not cached, and a cold tuning has none cached; rewrite was
+    also refused (not SSA) on wide 1x1 templates after their nvcc had run.
+    (`scripts/codegen_mode_sass.py` compares the two modes' SASS.)"""
     if (spec.R, spec.S) == (1, 1) and spec.stride != (1, 1):
         return []
-    default = _configs(spec, dtype)[0]
+    default = dataclasses.replace(_configs(spec, dtype)[0], mode="emit")
     return [default] if codegen.make_plan(spec, default, dtype=dtype).n_slices <= MAX_AUTO_SLICES else []
 
 
