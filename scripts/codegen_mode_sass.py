@@ -4,8 +4,8 @@ and in emit mode (CUDA C of the kept terms through nvcc), and what each compile 
 
 Usage (CPU; nvcc and ptxas on PATH or as SPARSECNN_NVCC / SPARSECNN_PTXAS; nvdisasm from Triton's
 wheel):
-    python scripts/codegen_mode_sass.py OUT.jsonl DTYPE C,K,R,HW [C,K,R,HW ...]
-DTYPE is fp32 or fp16; each layer is N=32, stride 1, "same" padding, a random weight pruned to 0.9
+    python scripts/codegen_mode_sass.py OUT.jsonl DTYPE C,K,R,HW[,STRIDE] [C,K,R,HW[,STRIDE] ...]
+DTYPE is fp32 or fp16; each layer is N=32, stride STRIDE (default 1), padding R // 2, a random weight pruned to 0.9
 (seed 0), compiled for sm_90 from an empty cache. One JSON line per layer: its slices, how many
 slices have identical SASS, the SASS lines that differ (unified diff, both sides), the instruction
 mix of each mode (opcode -> count over all slices) and each mode's nvcc / ptxas / total seconds.
@@ -59,8 +59,8 @@ def compile_mode(weight: torch.Tensor, spec: ConvSpec, dtype: torch.dtype, mode:
 
 
 def compare(shape: str, dtype_name: str) -> dict:
-    channels, kernels, taps, size = (int(part) for part in shape.split(","))
-    spec = ConvSpec(32, channels, kernels, size, size, taps, taps, padding=taps // 2)
+    channels, kernels, taps, size, *stride = (int(part) for part in shape.split(","))
+    spec = ConvSpec(32, channels, kernels, size, size, taps, taps, stride=stride[0] if stride else 1, padding=taps // 2)
     torch.manual_seed(0)
     weight = torch.randn(kernels, channels, taps, taps) * (torch.rand(kernels, channels, taps, taps) > 0.9)
     modes = {mode: compile_mode(weight, spec, DTYPES[dtype_name], mode) for mode in ("rewrite", "emit")}
