@@ -8,7 +8,7 @@ none for downsample): the distinct specializations Triton compiles, i.e. the ker
 and launch options plus, per runtime int, Triton's own specialization (== 1, divisible by 16).
 
     SPARSECNN_DLMC=... PYTHONPATH=src python scripts/tensorcore_compile_census.py resnet50 32 fp16 \\
-        tiles64x32i-dlmc-magnitude_pruning [--all]
+        tiles64x32i-dlmc-magnitude_pruning [--all] [--breakdown]
 """
 from __future__ import annotations
 
@@ -43,10 +43,14 @@ parser.add_argument("dtype", choices=("fp16", "bf16", "tf32"))
 parser.add_argument("pattern")
 parser.add_argument("--arch", default="90")
 parser.add_argument("--all", action="store_true", help="every auto config, not only least_work_configs'")
+parser.add_argument("--breakdown", action="store_true",
+                    help="also count the compiles left if Triton did not specialize the runtime ints, if SLOTS "
+                         "were one value, and both (what each costs in compiles; kernel speed not measured)")
 args = parser.parse_args()
 mock.patch.object(device, "current", lambda: device.for_arch(args.arch)).start()
 dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "tf32": torch.float32}[args.dtype]
 compiles, configs_timed = set(), 0
+without_ints, one_slots, neither = set(), set(), set()
 for spec in get_suite(args.model, args.batch):
     if spec.groups != 1:
         continue
@@ -61,6 +65,13 @@ for spec in get_suite(args.model, args.batch):
                 *spec.padding, packed.num_groups, packed.unit_code.shape[1])
         constants = (config, kernel._row_align(spec.C, config.chunk), spec.C % config.chunk == 0, relu, residual,
                      unit_slots(packed.max_units))
-        compiles.add((constants, tuple(map(int_specialization, ints))))
+        specialized = tuple(map(int_specialization, ints))
+        compiles.add((constants, specialized))
+        without_ints.add(constants)
+        one_slots.add((constants[:-1], specialized))
+        neither.add(constants[:-1])
 print(f"{args.model} N={args.batch} {args.dtype} {args.pattern}: {configs_timed} configs timed, "
       f"{len(compiles)} distinct Triton compiles ({'every auto config' if args.all else 'least_work_configs'})")
+if args.breakdown:
+    print(f"without int specialization {len(without_ints)}, with one SLOTS value {len(one_slots)}, "
+          f"with neither {len(neither)}")
