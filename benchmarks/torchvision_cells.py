@@ -252,27 +252,38 @@ def run_cells(cells: Sequence[Cell], setup: Setup, row, write: Callable[[List[di
 def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: str) -> List[dict]:
     """`runs` tunings of `name` (`pruned`) as a user tunes it, `prepare_for_inference` + `sparsify_`
     with dtype=None (an fp32 model at PyTorch's defaults on CUDA: "fp32-default"), each from an
-    empty decision cache on input N(0, 1) of (batch, 3, hw, hw). One row per run: the results schema,
-    kind "tuning", dtype "tf32", median_ms null, config {"run", "tune_s", "phases_s", "policy", "kept",
-    "sparse_layers", "layers", "worker_jobs" (seconds per worker pool: `core.workers.JobTimes`), "choices"
-    (layer -> [chosen candidate, its ms, dense ms, candidates timed])}."""
+    empty decision cache on input N(0, 1) of (batch, 3, hw, hw); after run 1, a cached reload (the
+    model tuned again from run 1's decision cache, run "reload"). One row per tuning: the results
+    schema, kind "tuning", dtype "tf32", median_ms null, config {"run", "tune_s", "phases_s", "policy",
+    "kept", "sparse_layers", "layers", "cache_hits" (layers decided from the cache), "worker_jobs"
+    (seconds per worker pool: `core.workers.JobTimes`), "choices" (layer -> [chosen candidate, its ms,
+    dense ms, candidates timed])}."""
     given = pruned(name, setup).to(setup.device)
     x = torch.randn(batch, 3, setup.hw, setup.hw, device=setup.device)
     rows = []
     for index in range(1, runs + 1):
-        model = sparsecnn.prepare_for_inference(copy.deepcopy(given))
         with tempfile.TemporaryDirectory() as cache_dir:
-            start = time.perf_counter()
-            sparsecnn.sparsify_(model, x, cache_dir=cache_dir, progress=False)
-            if x.is_cuda:
-                torch.cuda.synchronize()
-            tune_s = time.perf_counter() - start
-        report = model.sparsecnn_report
-        config = {"run": index, "tune_s": round(tune_s, 2), "phases_s": {k: round(v, 2) for k, v in report.phase_s.items()},
-                  "policy": report.policy, "kept": report.model_check.kept if report.model_check else None,
-                  **conv_counts(model), "worker_jobs": report.worker_jobs,
-                  "choices": {layer.name: [layer.choice, round(layer.time_ms, 4), round(layer.dense_ms, 4),
-                                           len(layer.times_ms)] for layer in report.layers}}
-        rows.append({**result_row(env, run, Cell(name, "fp32", batch), "auto", "cudagraph", {"median_ms": None},
-                                  None, config), "kind": "tuning"})
+            rows.append(_tuning_row(given, x, cache_dir, index, name, env, run))
+            if index == 1:
+                rows.append(_tuning_row(given, x, cache_dir, "reload", name, env, run))
     return rows
+
+
+def _tuning_row(given: torch.nn.Module, x: torch.Tensor, cache_dir: str, label, name: str, env: dict,
+                run: str) -> dict:
+    """One tuning of a copy of `given` with decisions cached in `cache_dir`, as a `tuning_rows` row."""
+    model = sparsecnn.prepare_for_inference(copy.deepcopy(given))
+    start = time.perf_counter()
+    sparsecnn.sparsify_(model, x, cache_dir=cache_dir, progress=False)
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    tune_s = time.perf_counter() - start
+    report = model.sparsecnn_report
+    config = {"run": label, "tune_s": round(tune_s, 2), "phases_s": {k: round(v, 2) for k, v in report.phase_s.items()},
+              "policy": report.policy, "kept": report.model_check.kept if report.model_check else None,
+              **conv_counts(model), "cache_hits": sum(layer.cache == "hit" for layer in report.layers),
+              "worker_jobs": report.worker_jobs,
+              "choices": {layer.name: [layer.choice, round(layer.time_ms, 4), round(layer.dense_ms, 4),
+                                       len(layer.times_ms)] for layer in report.layers}}
+    return {**result_row(env, run, Cell(name, "fp32", x.shape[0]), "auto", "cudagraph", {"median_ms": None}, None,
+                         config), "kind": "tuning"}

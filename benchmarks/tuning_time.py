@@ -6,7 +6,8 @@ convs magnitude-pruned to 0.9, BatchNorm calibrated).
 Usage (GPU machine, a script without a `__main__` guard on purpose):
     python benchmarks/tuning_time.py OUT.jsonl BATCH RUNS MODEL...
 Run 1 is fully cold (the process's first tuning: Triton compiles its kernels, or loads them from
-TRITON_CACHE_DIR when warm); later runs find Triton's kernels compiled and time every candidate again.
+TRITON_CACHE_DIR when warm); then "reload" tunes the model again from run 1's decision cache (a user's
+cached reload); later runs find Triton's kernels compiled and time every candidate again.
 One JSON line per (model, run): `torchvision_cells.tuning_rows` (kind "tuning", median_ms null,
 config with the seconds of tuning and of each phase).
 """

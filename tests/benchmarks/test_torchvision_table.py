@@ -83,7 +83,7 @@ def test_one_cell_times_the_given_model_it_compiled_and_ours_compiled(tmp_path, 
 def test_tuning_rows_time_each_cold_tuning_and_its_phases():
     setup = cells.Setup(torch.device("cpu"), load=_small, hw=16)
     rows = cells.tuning_rows("small", setup, 2, 2, ENV, "run-2")
-    assert [row["config"]["run"] for row in rows] == [1, 2]
+    assert [row["config"]["run"] for row in rows] == [1, "reload", 2]
     for row in rows:
         config = row["config"]
         assert row["kind"] == "tuning" and row["model"] == "small" and row["N"] == 2 and row["median_ms"] is None
@@ -93,3 +93,6 @@ def test_tuning_rows_time_each_cold_tuning_and_its_phases():
         assert len(config["choices"]) == 3 and isinstance(config["worker_jobs"], dict)
         for choice, choice_ms, dense_ms, timed in config["choices"].values():
             assert isinstance(choice, str) and choice_ms > 0 and dense_ms > 0 and timed >= 1
+    assert [row["config"]["cache_hits"] for row in rows] == [0, 3, 0]
+    assert ({layer: choice[0] for layer, choice in rows[1]["config"]["choices"].items()}
+            == {layer: choice[0] for layer, choice in rows[0]["config"]["choices"].items()})
