@@ -179,11 +179,10 @@ def _auto_configs(spec: ConvSpec, dtype: torch.dtype) -> List[Any]:
     [] for strided 1x1 layers (downsampling shortcuts): codegen never beat direct or dense on one in
     the model runs.
 
-    Emit, not rewrite: for one slice, ptxas makes the same SASS from both (the same instructions,
-    most kernels byte for byte), but nvcc on the template of every weight costs 6-9x nvcc on the
-    kept terms when the template is not cached, and a cold tuning has none cached; rewrite was
-    also refused (not SSA) on wide 1x1 templates after their nvcc had run.
-    (`scripts/codegen_mode_sass.py` compares the two modes' SASS.)"""
+    Emit, not rewrite: ptxas makes the same FMAs, loads and stores from both (about half the
+    kernels byte for byte; `scripts/codegen_mode_sass.py` compares them), but nvcc on a layer's
+    placeholder template costs several times nvcc on its kept terms, and a cold tuning has no
+    template cached; rewrite was also refused (not SSA) on wide 1x1 templates after their nvcc ran."""
     if (spec.R, spec.S) == (1, 1) and spec.stride != (1, 1):
         return []
     default = dataclasses.replace(_configs(spec, dtype)[0], mode="emit")
