@@ -77,10 +77,14 @@ def is_main() -> bool:
 
 
 def close() -> None:
-    """Destroy the default process group if there is one (end of a torchrun entry point)."""
+    """Destroy the default process group if there is one (end of a torchrun entry point), once every
+    rank got there."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        # A rank tearing its gloo connections down while another still used them aborted that one
+        # ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
 
 
