@@ -61,7 +61,8 @@ for spec, weight, config in layers:
 for spec, weight, config in layers:
     CodegenWeight(weight).compiled(spec, config, False, torch.float32)
 row = {**environment("cpu"), "toolchain": toolchain.toolchain_id("90"), "cpus": os.cpu_count(),
-       "kind": "codegen prefetch wall", "dtype": "fp32", "sparsity": 0.9, "pattern": "random", "model": "densenet121", "layers": len(layers), "mode": sys.argv[2],
+       "kind": "codegen prefetch wall", "dtype": "fp32", "sparsity": 0.9, "pattern": "random",
+       "model": "densenet121", "layers": len(layers), "mode": sys.argv[2],
        "workers": os.environ.get("SPARSECNN_CODEGEN_WORKERS"), "wall_s": round(time.perf_counter() - start, 2),
        "jobs": {pool: dataclasses.asdict(times) for pool, times in job_times().items()}}
 with open(sys.argv[1], "a") as out:

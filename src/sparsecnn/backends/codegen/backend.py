@@ -8,8 +8,9 @@ launch loads the modules). Runs go through the op `sparsecnn::codegen_conv2d`, w
 compiled kernels by a handle (see core/op_support.py).
 
 Compiling a layer is slow (nvcc, then ptxas), so `backend="auto"` tries only the default
-config, in emit mode (`auto_configs`), and `prefetch` compiles it in worker processes (`workers.WorkerPool`, at
-most $SPARSECNN_CODEGEN_WORKERS) while earlier layers are timed; `bind` then takes the result.
+config, in emit mode (`auto_configs`), and `prefetch` compiles it in worker processes
+(`workers.WorkerPool`, at most $SPARSECNN_CODEGEN_WORKERS) while earlier layers are timed; `bind`
+then takes the result.
 Importing this module imports neither cuda-python nor CuPy and does not touch CUDA.
 """
 from __future__ import annotations
@@ -39,11 +40,11 @@ from sparsecnn.core.workers import NOTHING, WorkerPool
 # K*C*R*S beyond this unrolls into so many kernels (each <= DEFAULT_MAX_KERNEL_FMAS template FMAs,
 # nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
 MAX_UNROLLED_WEIGHTS = 1 << 20
-# `backend="auto"` compiles only the default config (in emit mode), and only for layers whose output channels fit
-# in at most this many kernels (slices): each slice reads the whole input again, and compile time
-# grows with the slices. On ResNet-50 (DLMC 0.9, fp32) codegen won most one-slice layers against
-# dense but few multi-slice ones, by little, and those took most of the compile time that tuning
-# waited for.
+# `backend="auto"` compiles only the default config (in emit mode), and only for layers whose output
+# channels fit in at most this many kernels (slices): each slice reads the whole input again, and
+# compile time grows with the slices. On ResNet-50 (DLMC 0.9, fp32) codegen won most one-slice
+# layers against dense but few multi-slice ones, by little, and those took most of the compile time
+# that tuning waited for.
 MAX_AUTO_SLICES = 1
 _INT32_MAX = 2**31 - 1
 _LOG = logging.getLogger("sparsecnn.backends.codegen.backend")
