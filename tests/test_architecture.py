@@ -95,3 +95,68 @@ def test_every_backend_folder_registers_has_an_op_and_a_mirrored_test_file(name)
     assert "custom_op(" in (folder / "op.py").read_text()
     assert (ROOT / "tests" / "backends" / f"test_{name}.py").exists()
     assert f"backends.{name} import backend" in (PACKAGE / "backends" / "__init__.py").read_text()
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(path: Path, package: Path, modules: set) -> set:
+    """The sparsecnn modules the file at `path` imports when it is imported (module-level statements;
+    `from a import b` counts a.b where that is a module, else a)."""
+    found = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+            found.update(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                         for alias in node.names)
+    return found
+
+
+def _import_cycles(package=PACKAGE):
+    """Groups of modules that import each other at import time (strongly connected components of
+    more than one module), each sorted."""
+    paths = {_module_name(path, package): path for path in package.rglob("*.py")}
+    graph = {name: _top_level_imports(path, package, set(paths)) for name, path in paths.items()}
+    order, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(name):
+        order[name] = low[name] = len(order)
+        stack.append(name)
+        on_stack.add(name)
+        for target in graph[name]:
+            if target not in order:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in on_stack:
+                low[name] = min(low[name], order[target])
+        if low[name] == order[name]:
+            group = []
+            while not group or group[-1] != name:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for name in sorted(graph):
+        if name not in order:
+            visit(name)
+    return cycles
+
+
+def test_no_module_imports_itself_back_at_import_time():
+    assert _import_cycles() == []
+
+
+def test_the_cycle_check_catches_a_package_importing_its_importer(tmp_path):
+    fake = tmp_path / "sparsecnn"
+    (fake / "tuning").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "tuning" / "__init__.py").write_text("from sparsecnn.tuning.sparsify import sparsify_\n")
+    (fake / "tuning" / "select.py").write_text("Timer = object\n")
+    (fake / "tuning" / "sparsify.py").write_text("from sparsecnn.tuning import Timer\n")
+    assert _import_cycles(fake) == [["sparsecnn.tuning", "sparsecnn.tuning.sparsify"]]
+    (fake / "tuning" / "sparsify.py").write_text("from sparsecnn.tuning.select import Timer\n")
+    assert _import_cycles(fake) == []

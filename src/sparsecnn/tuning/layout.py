@@ -27,7 +27,7 @@ from sparsecnn.nn.concat import cat_channels
 from sparsecnn.nn.pool import MaxPool2d, max_pool2d
 from sparsecnn.nn.sparse_conv import SparseConv2d
 from sparsecnn.passes.graph import called_module, channel_slice
-from sparsecnn.tuning import Candidate, Timer
+from sparsecnn.tuning.select import Candidate, Timer
 
 _LOG = logging.getLogger(__name__)
 

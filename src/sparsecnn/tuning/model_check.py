@@ -19,7 +19,8 @@ from torch import nn
 
 from sparsecnn.nn.graphed import disable_cuda_graphs, enable_cuda_graphs
 from sparsecnn.nn.sparse_conv import SparseConv2d
-from sparsecnn.tuning import Candidate, LayerResult, ModelCheck, Timer
+from sparsecnn.tuning.report import LayerResult, ModelCheck
+from sparsecnn.tuning.select import Candidate, Timer
 from sparsecnn.tuning.timing import eager_wall_ms
 
 _LOG = logging.getLogger("sparsecnn.tuning")

@@ -24,22 +24,13 @@ from sparsecnn.core.workers import job_times, reset_job_times
 from sparsecnn.nn.graphed import disable_cuda_graphs, enable_cuda_graphs
 from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
-from sparsecnn.tuning import (
-    DEFAULT_DROP_RATIO,
-    Candidate,
-    EagerTimer,
-    MeasuringTimer,
-    PhaseClock,
-    PrecisionPolicy,
-    Timer,
-    TuneCache,
-    TuneReport,
-    candidates_for,
-    environment_fingerprint,
-    resolve_policy,
-    tf32_flags,
-    tune_layer,
-)
+from sparsecnn.tuning.cache import TuneCache
+from sparsecnn.tuning.fingerprint import environment_fingerprint
+from sparsecnn.tuning.phases import PhaseClock, TickingTimer
+from sparsecnn.tuning.precision import PrecisionPolicy, resolve_policy, tf32_flags
+from sparsecnn.tuning.report import TuneReport
+from sparsecnn.tuning.select import (DEFAULT_DROP_RATIO, Candidate, EagerTimer, MeasuringTimer, Timer, candidates_for,
+                                     pending_candidates, prefetch_candidates)
 from sparsecnn.tuning.layout import (
     is_batch_backend,
     is_batch_inner,
@@ -48,9 +39,7 @@ from sparsecnn.tuning.layout import (
 )
 from sparsecnn.tuning.linears import tune_linears
 from sparsecnn.tuning.model_check import check_against_dense, check_against_given, model_timer
-from sparsecnn.tuning.phases import TickingTimer
-from sparsecnn.tuning.select import pending_candidates, prefetch_candidates
-from sparsecnn.tuning.tuner import finish_deferred
+from sparsecnn.tuning.tuner import finish_deferred, tune_layer
 
 FilterFn = Callable[[str, nn.Module], bool]
 _LOG = logging.getLogger("sparsecnn.tuning")
