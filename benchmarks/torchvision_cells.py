@@ -255,7 +255,7 @@ def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: 
     empty decision cache on input N(0, 1) of (batch, 3, hw, hw); after run 1, a cached reload (the
     model tuned again from run 1's decision cache, run "reload"). One row per tuning: the results
     schema, kind "tuning", dtype "tf32", median_ms null, config {"run", "tune_s", "phases_s", "policy",
-    "kept", "sparse_layers", "layers", "cache_hits" (layers decided from the cache), "worker_jobs"
+    "kept", "model_cached" (the whole-model decisions put back from the cache), "sparse_layers", "layers", "cache_hits" (layers decided from the cache), "worker_jobs"
     (seconds per worker pool: `core.workers.JobTimes`), "choices" (layer -> [chosen candidate, its ms,
     dense ms, candidates timed])}."""
     given = pruned(name, setup).to(setup.device)
@@ -279,8 +279,10 @@ def _tuning_row(given: torch.nn.Module, x: torch.Tensor, cache_dir: str, label, 
         torch.cuda.synchronize()
     tune_s = time.perf_counter() - start
     report = model.sparsecnn_report
-    config = {"run": label, "tune_s": round(tune_s, 2), "phases_s": {k: round(v, 2) for k, v in report.phase_s.items()},
-              "policy": report.policy, "kept": report.model_check.kept if report.model_check else None,
+    check = report.model_check
+    config = {"run": label, "tune_s": round(tune_s, 3), "phases_s": {k: round(v, 3) for k, v in report.phase_s.items()},
+              "policy": report.policy, "kept": check.kept if check else None,
+              "model_cached": bool(check and check.cached),
               **conv_counts(model), "cache_hits": sum(layer.cache == "hit" for layer in report.layers),
               "worker_jobs": report.worker_jobs,
               "choices": {layer.name: [layer.choice, round(layer.time_ms, 4), round(layer.dense_ms, 4),

@@ -186,11 +186,15 @@ def test_autotune_model_reports_the_linears(tmp_path, monkeypatch):
     gm = _lenet()
     with torch.no_grad():
         reference = gm(x)
-    report = autotune_model(gm, x, cache_dir=tmp_path, timer=LabelTimer({"linear:fc1[2]": 0.25}), progress=False)
+    report = autotune_model(gm, x, cache_dir=tmp_path / "timed", timer=LabelTimer({"linear:fc1[2]": 0.25}),
+                            progress=False)
     assert report.linears["fc1"] == {"splits": 2, "ms": 0.25, "dense_ms": 1.0} and gm.fc1.splits == 2
     assert "fc1 splits=2 4.00x" in report.format() and report.max_rel_error < 1e-5
     with torch.no_grad():
         assert relative_error(gm(x), reference) < 1e-5
+    reloaded, timer = _lenet(), LabelTimer()
+    report = autotune_model(reloaded, x, cache_dir=tmp_path / "timed", timer=timer, progress=False)
+    assert timer.timed == [] and reloaded.fc1.splits == 2 and report.linears["fc1"]["splits"] == 2
 
 
 @pytest.mark.gpu

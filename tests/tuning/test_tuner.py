@@ -622,7 +622,9 @@ def test_autotune_model_says_why_it_retunes(tmp_path, monkeypatch, caplog):
 def test_cache_dir_comes_from_the_environment_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSECNN_CACHE_DIR", str(tmp_path / "from-env"))
     report = autotune_model(_model(), torch.randn(1, 3, 8, 8), timer=FakeTimer(), progress=False)
-    assert report.cache_dir == str(tmp_path / "from-env") and len(list((tmp_path / "from-env").glob("*.json"))) == 2
+    assert report.cache_dir == str(tmp_path / "from-env")
+    files = sorted(path.name.startswith("model-") for path in (tmp_path / "from-env").glob("*.json"))
+    assert files == [False, False, True]  # two layers, one model
 
 
 def test_bf16_policy_converts_the_model_and_reports_its_error(tmp_path):
@@ -742,12 +744,22 @@ def test_the_model_as_given_is_put_back_when_faster(tmp_path, monkeypatch, given
     monkeypatch.setattr(sparsify_module, "GIVEN_CHECK_DEVICES", ("cuda", "cpu"))
     model, x = _model(), torch.randn(2, 3, 12, 12)
     ref, given_types = model(x), [type(module) for module in model]
-    timer = FakeTimer(measure_ms={"dense": 2.0, "im2col-cublas": 1.0, "im2col-cusparse": 3.0, "model:given": given_ms,
-                                  "model:tuned": 3.0, "model:dense": 4.0, "model:switch 0": 10.0,
-                                  "model:switch 2": 10.0})
+    seen_when_given = []
+
+    class GivenTimer(FakeTimer):
+        def measure(self, candidate, fn):
+            if candidate.backend == "model:given":
+                seen_when_given.extend(type(module) for module in model)
+            return super().measure(candidate, fn)
+
+    timer = GivenTimer(measure_ms={"dense": 2.0, "im2col-cublas": 1.0, "im2col-cusparse": 3.0, "model:given": given_ms,
+                                   "model:tuned": 3.0, "model:dense": 4.0, "model:switch 0": 10.0,
+                                   "model:switch 2": 10.0})
     report = autotune_model(model, x, cache_dir=tmp_path, timer=timer, progress=False)
     check = report.model_check
-    assert timer.measured[0] == "model:given" and check.given_ms == given_ms and check.kept == kept
+    assert timer.measured.index("model:given") < timer.measured.index("model:tuned")
+    assert seen_when_given == given_types  # timed as given, after the layers were tuned
+    assert check.given_ms == given_ms and check.kept == kept
     assert ([type(module) for module in model] == given_types) == (kept == "given")
     assert check.speedup_over_given == pytest.approx(1.0 if kept == "given" else given_ms / 3.0)
     assert relative_error(model(x), ref) < 1e-6

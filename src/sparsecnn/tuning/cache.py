@@ -1,7 +1,9 @@
 """Tuning decisions on disk: one JSON file per (layer key, environment), written atomically.
 
 Directory: `cache_dir` argument, else $SPARSECNN_CACHE_DIR, else ~/.cache/sparsecnn/autotune.
-File `<layer hash>-<environment hash>.json` holds {"format", "layer", "environment", "decision"}.
+File `<layer hash>-<environment hash>.json` holds {"format", "layer", "environment", "decision"};
+`model-<model hash>-<environment hash>.json` holds a model's whole-model decisions the same way under
+"model" (`tuning.model_decision`).
 The layer key (`layer_key`) is what the choice depends on: the ConvSpec (batch included), the
 precision policy, the weight's sparsity pattern, bias / ReLU / residual epilogue, the list of
 candidates offered and the run mode the timings stood for. The environment is
@@ -27,7 +29,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -48,6 +50,11 @@ def default_cache_dir() -> Path:
 def _digest(value: Any, size: int = 16) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=size).hexdigest()
+
+
+def key_digest(key: Dict[str, Any]) -> str:
+    """The hash that names a key's file (before the environment's)."""
+    return _digest(key)
 
 
 def _as_json(value: Any) -> Any:
@@ -108,42 +115,60 @@ class CachedDecision:
 
 
 class TuneCache:
-    """Decisions for one environment, in `directory` (created on first write)."""
+    """Decisions for one environment, in `directory` (created on first write): one per layer
+    (`lookup`, `store`) and one per model (`lookup_model`, `store_model`)."""
 
     def __init__(self, directory: Optional[str | os.PathLike], environment: Fingerprint):
         self.directory = default_cache_dir() if directory is None else Path(directory).expanduser()
         self.environment = dict(environment)
         self._environment_hash = _digest(self.environment, 8)
 
-    def path(self, key: Dict[str, Any]) -> Path:
-        return self.directory / f"{_digest(key)}-{self._environment_hash}.json"
+    def path(self, key: Dict[str, Any], kind: str = "layer") -> Path:
+        prefix = "" if kind == "layer" else f"{kind}-"
+        return self.directory / f"{prefix}{key_digest(key)}-{self._environment_hash}.json"
 
     def lookup(self, key: Dict[str, Any]) -> Tuple[Optional[CachedDecision], Optional[str]]:
         """(decision, None) on a hit; (None, None) when nothing was cached for this layer anywhere;
         (None, why) when an entry exists but cannot be used (corrupt, truncated, for another
         layer, or tuned only under another environment)."""
-        path = self.path(key)
+        return self._lookup(key, "layer", CachedDecision.from_json)
+
+    def store(self, key: Dict[str, Any], decision: CachedDecision) -> Path:
+        """Write the decision for `key` atomically; returns its path."""
+        return self._store(key, "layer", dataclasses.asdict(decision))
+
+    def lookup_model(self, key: Dict[str, Any], from_json: Callable[[Any], Any]) -> Tuple[Any, Optional[str]]:
+        """`lookup` for a model's decisions (`model_decision.model_key`), rebuilt by `from_json`
+        (ValueError when the saved form is wrong)."""
+        return self._lookup(key, "model", from_json)
+
+    def store_model(self, key: Dict[str, Any], decision: Dict[str, Any]) -> Path:
+        """Write a model's decisions (a JSON-able dict) for `key` atomically; returns its path."""
+        return self._store(key, "model", decision)
+
+    def _lookup(self, key: Dict[str, Any], kind: str, from_json: Callable[[Any], Any]) -> Tuple[Any, Optional[str]]:
+        path = self.path(key, kind)
         if not path.exists():
-            return None, self._elsewhere(key)
+            return None, self._elsewhere(key, kind)
         try:
             entry = json.loads(path.read_text())
             if not isinstance(entry, dict) or entry.get("format") != FORMAT_VERSION:
                 raise ValueError(f"format {entry.get('format') if isinstance(entry, dict) else entry!r}, "
                                  f"expected {FORMAT_VERSION}")
-            decision = CachedDecision.from_json(entry.get("decision"))
+            decision = from_json(entry.get("decision"))
         except (OSError, UnicodeDecodeError, ValueError) as error:  # JSONDecodeError is a ValueError
             return None, f"corrupt cache entry {path} ({type(error).__name__}: {error})"
         if entry.get("environment") != self.environment:
             difference = describe_difference(entry.get("environment") or {}, self.environment)
             return None, f"cache entry {path} was tuned in another environment ({difference})"
-        if entry.get("layer") != key:
-            return None, f"cache entry {path} belongs to another layer (hash collision or a copied file)"
+        if entry.get(kind) != key:
+            return None, f"cache entry {path} belongs to another {kind} (hash collision or a copied file)"
         return decision, None
 
-    def _elsewhere(self, key: Dict[str, Any]) -> Optional[str]:
-        """Why a layer with no entry here has entries for other environments, or None if it has none.
+    def _elsewhere(self, key: Dict[str, Any], kind: str = "layer") -> Optional[str]:
+        """Why a key with no entry here has entries for other environments, or None if it has none.
         Our own entry may appear meanwhile (another process just tuned the layer): not "elsewhere"."""
-        for other in sorted(self.directory.glob(f"{_digest(key)}-*.json")):
+        for other in sorted(self.directory.glob(self.path(key, kind).name.rsplit("-", 1)[0] + "-*.json")):
             try:
                 environment = json.loads(other.read_text()).get("environment")
             except (OSError, UnicodeDecodeError, ValueError, AttributeError):
@@ -152,12 +177,11 @@ class TuneCache:
                 return f"cached only for another environment ({describe_difference(environment, self.environment)})"
         return None
 
-    def store(self, key: Dict[str, Any], decision: CachedDecision) -> Path:
-        """Write the decision for `key` atomically; returns its path."""
-        path = self.path(key)
+    def _store(self, key: Dict[str, Any], kind: str, decision: Dict[str, Any]) -> Path:
+        path = self.path(key, kind)
         self.directory.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"format": FORMAT_VERSION, "layer": key, "environment": self.environment,
-                           "decision": dataclasses.asdict(decision)}, indent=1, sort_keys=True)
+        text = json.dumps({"format": FORMAT_VERSION, kind: key, "environment": self.environment,
+                           "decision": decision}, indent=1, sort_keys=True)
         handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=self.directory)
         try:
             with os.fdopen(handle, "w") as file:

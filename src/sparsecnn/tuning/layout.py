@@ -102,6 +102,16 @@ def set_tuning_layout(layer: SparseConv2d) -> None:
         _set_out_layout([layer], "batch_inner")
 
 
+def set_batch_inner_outputs(tuned: Dict[str, SparseConv2d], names: List[str]) -> None:
+    """Every tuned "batch" layer writes NCHW, except `names` and those that cannot write NCHW well
+    (`unrolled`), which write batch-innermost outputs."""
+    batch_inner = [name for name, layer in tuned.items() if _is_batch(layer)
+                   and (name in names or _batch_inner_only(layer))]
+    _set_out_layout([layer for name, layer in tuned.items() if _nchw_capable(layer) and name not in batch_inner],
+                    "nchw")
+    _set_out_layout([tuned[name] for name in batch_inner], "batch_inner")
+
+
 def keep_batch_inner_outputs(model: nn.Module, run: Callable[[], object], tuned: Dict[str, SparseConv2d],
                              timer: Timer) -> Tuple[List[str], Dict[str, float]]:
     """Every tuned "batch" layer writes NCHW, except the `batch_inner_candidates`, which write
@@ -110,8 +120,7 @@ def keep_batch_inner_outputs(model: nn.Module, run: Callable[[], object], tuned:
 
     Returns the names of the layers left batch-innermost and the two model times in ms
     ({"nchw": ..., "batch_inner": ...}; empty when there was no candidate)."""
-    _set_out_layout([layer for layer in tuned.values() if _nchw_capable(layer)], "nchw")
-    _set_out_layout([layer for layer in tuned.values() if _batch_inner_only(layer)], "batch_inner")
+    set_batch_inner_outputs(tuned, [])
     names = [name for name in batch_inner_candidates(model, tuned) if _nchw_capable(tuned[name])]
     if not names:
         return [], {}

@@ -15,7 +15,9 @@ class LayerResult:
     choice: the chosen candidate's label; time_ms / dense_ms: median ms of the choice and of the
     `dense` baseline at the same precision; times_ms: median ms of every fully benchmarked
     candidate; dropped: label -> why it was not benchmarked (empty on a cache hit); cache: "hit",
-    "tuned", or "retuned" with `cache_note` saying why the entry on disk could not be used.
+    "tuned", or "retuned" with `cache_note` saying why the entry on disk could not be used;
+    deferred: candidates still to time (`tuner.finish_deferred`); key: the digest of the layer's
+    cache key (`cache.key_digest`; empty where no key was made), which the model's decision names.
     """
 
     name: str
@@ -30,6 +32,7 @@ class LayerResult:
     cache: str
     cache_note: Optional[str] = None
     deferred: Tuple[Any, ...] = ()
+    key: str = ""
 
     @property
     def speedup(self) -> float:
@@ -57,7 +60,8 @@ class ModelCheck:
     for a kept tuned model, the tuned choice for a kept dense one) because the whole model got
     faster, to `final_ms` (`tuning.model_check`). On CUDA also in eager mode (`tuned_eager_ms`,
     `dense_eager_ms`: wall ms per call of back-to-back calls, the CPU's launch costs included, which
-    CUDA graphs hide; None elsewhere)."""
+    CUDA graphs hide; None elsewhere). `cached`: decided by an earlier tuning of the same model and
+    layers, put back from the cache without timing (`model_decision`)."""
 
     tuned_ms: float
     dense_ms: float
@@ -68,6 +72,7 @@ class ModelCheck:
     switched: List[str] = dataclasses.field(default_factory=list)
     final_ms: Optional[float] = None
     given_ms: Optional[float] = None
+    cached: bool = False
 
     @property
     def best_ms(self) -> float:
@@ -103,6 +108,8 @@ class ModelCheck:
             text += f"; the model as given took {self.given_ms:.4f} ms, faster: it is kept as given"
         elif self.given_ms is not None:
             text += f"; {self.speedup_over_given:.2f}x faster than the model as given ({self.given_ms:.4f} ms)"
+        if self.cached:
+            text += " (decided by an earlier tuning of this model, from the cache: nothing timed now)"
         return text
 
 

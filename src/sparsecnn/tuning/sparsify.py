@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -38,7 +38,8 @@ from sparsecnn.tuning.layout import (
     set_tuning_layout,
 )
 from sparsecnn.tuning.linears import tune_linears
-from sparsecnn.tuning.model_check import check_against_dense, check_against_given, model_timer
+import sparsecnn.tuning.model_decision as model_decision
+from sparsecnn.tuning.model_check import check_against_dense, check_against_given, dense_backend, model_timer
 from sparsecnn.tuning.tuner import finish_deferred, tune_layer
 
 FilterFn = Callable[[str, nn.Module], bool]
@@ -174,7 +175,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     (`tuning.tune_layer`): every backend x config supporting it (only `backends`, plus the dense
     ones, when given) at the precision policy `dtype` (see `sparsify_`), decisions cached in
     `cache_dir` (default `tuning.default_cache_dir()`) unless `retune`. progress: a tqdm bar
-    per phase (reference pass, model as given, prefetch, layers, linears, layouts, model check),
+    per phase (reference pass, prefetch, layers, linears, layouts, model as given, model check),
     each ending with its wall seconds (default: when stderr is a terminal). run_mode: how the
     model will run, which decides what is timed: "graph" (default; CUDA graphs or torch.compile
     with them: GPU time, launches hidden) or "eager" (plain calls: wall time of back-to-back
@@ -183,8 +184,9 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
     are timed (default: `MeasuringTimer`, or `EagerTimer` for run_mode "eager", on the inputs'
     device). Then each `SplitKLinear` (from `prepare_for_inference`) that sees a CUDA fp32 input
     gets the fastest of F.linear and its split-K GEMMs (`linear.tune_linears`, same timer), before the
-    layout and whole-model checks time the model. Layers the inputs never reach are left as they
-    were. Returns the `TuneReport`,
+    layout and whole-model checks time the model. Those whole-model decisions are cached too
+    (`model_decision`): when every layer's decision came from the cache, the recorded ones are put
+    back and nothing is timed. Layers the inputs never reach are left as they were. Returns the `TuneReport`,
     with the max relative error of the tuned model's outputs against the original model's
     (computed before conversion, TF32 off).
     """
@@ -210,11 +212,8 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                                                                   originals)
             bar.update(1)
         model.to(policy.dtype)
+        given = _GivenModel(model, originals)
         with torch.no_grad(), tf32_flags(policy.dense_tf32):
-            with clock.bar("model as given", unit="timing") as bar:
-                given_ms = (TickingTimer(whole_model, bar).measure(Candidate("model:given"), run)
-                            if device.type in GIVEN_CHECK_DEVICES else None)
-                given = _GivenModel(model, originals, given_ms)
             layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
             for name, layer in layers.items():
                 if layer is not originals[name]:
@@ -232,20 +231,35 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 _replace(model, name, originals[name])
         _log_notes(tuning.results.values())
         tuned = {name: layers[name] for name in tuning.results}
+        results = list(tuning.results.values())
+        key = model_decision.model_key(results, model, tuned, cast_inputs(inputs, policy.dtype), given.describe(),
+                                       dense_backend(device.type), run_mode)
+        recorded = model_decision.lookup(cache, key) if model_decision.reusable(results, retune) else None
         with torch.no_grad(), tf32_flags(policy.dense_tf32):
-            with clock.bar("linears", unit="timing") as bar:
-                linears, linear_output = tune_linears(model, cast_inputs(inputs, policy.dtype),
-                                                      TickingTimer(timer, bar))
-            if linears:  # the error is then taken on the chosen splits, not the conv pass's F.linear
-                output = linear_output
-            with clock.bar("layouts", unit="timing") as bar:
-                batch_inner, layout_ms = keep_batch_inner_outputs(model, run, tuned, TickingTimer(whole_model, bar))
-            with clock.bar("model check", unit="timing") as bar:
-                check = check_against_dense(run, tuned, tuning.results, device.type, TickingTimer(whole_model, bar))
-                if given.ms is not None:
-                    check = check_against_given(check, given.ms, lambda: given.restore(model, layers))
+            if recorded is not None:
+                check = model_decision.apply(recorded, model, tuned, lambda: given.restore(model, layers))
+                linears, batch_inner, layout_ms = recorded.linears, recorded.batch_inner, recorded.layout_ms
+                output = run()
+            else:
+                with clock.bar("linears", unit="timing") as bar:
+                    linears, linear_output = tune_linears(model, cast_inputs(inputs, policy.dtype),
+                                                          TickingTimer(timer, bar))
+                if linears:  # the error is then taken on the chosen splits, not the conv pass's F.linear
+                    output = linear_output
+                with clock.bar("layouts", unit="timing") as bar:
+                    batch_inner, layout_ms = keep_batch_inner_outputs(model, run, tuned,
+                                                                      TickingTimer(whole_model, bar))
+                with clock.bar("model as given", unit="timing") as bar:
+                    given_ms = (given.time(model, layers, TickingTimer(whole_model, bar), run)
+                                if device.type in GIVEN_CHECK_DEVICES else None)
+                with clock.bar("model check", unit="timing") as bar:
+                    check = check_against_dense(run, tuned, tuning.results, device.type,
+                                                TickingTimer(whole_model, bar))
+                    if given_ms is not None:
+                        check = check_against_given(check, given_ms, lambda: given.restore(model, layers))
+                model_decision.record(cache, key, check, tuned, tuning.results, linears, batch_inner, layout_ms)
     kept_batch_inner = [] if check.kept == "given" else [name for name in batch_inner if is_batch_inner(tuned[name])]
-    return TuneReport(list(tuning.results.values()), policy.name, _max_rel_error(output, reference), unreached,
+    return TuneReport(results, policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
                       kept_batch_inner, layout_ms, run_mode, linears, policy.describe)
@@ -258,11 +272,9 @@ GIVEN_CHECK_DEVICES = ("cuda",)
 
 class _GivenModel:
     """What `autotune_model` changes in a model, as it was given: its selected convs (modules, or the
-    backend state of those already `SparseConv2d`) and its `SplitKLinear` splits, with `ms`, the
-    whole model's time as given (in the policy's dtype, flags and run mode; None: not timed)."""
+    backend state of those already `SparseConv2d`) and its `SplitKLinear` splits."""
 
-    def __init__(self, model: nn.Module, originals: Dict[str, nn.Module], ms: Optional[float]):
-        self.ms = ms
+    def __init__(self, model: nn.Module, originals: Dict[str, nn.Module]):
         self.originals = originals
         self.states = {name: module.backend_state() for name, module in originals.items()
                        if isinstance(module, SparseConv2d)}
@@ -279,6 +291,33 @@ class _GivenModel:
         for name, module in model.named_modules():
             if name in self.splits:
                 module.splits = self.splits[name]
+
+    def describe(self) -> List[Any]:
+        """The model as given, JSON-able, for `model_decision.model_key`: each selected conv's path and
+        type (with backend and config where it is a `SparseConv2d`), and the linears' splits."""
+        convs = [[name, type(module).__qualname__] + ([self.states[name][0], repr(self.states[name][1])]
+                                                      if name in self.states else [])
+                 for name, module in self.originals.items()]
+        return [convs, sorted(self.splits.items())]
+
+    def time(self, model: nn.Module, layers: Dict[str, nn.Module], timer: Timer, run: Callable[[], object]) -> float:
+        """The whole model's time as given, by `timer` on `run()`: the given convs and splits put back
+        for the timing, then the model as it was (tuned or not) again."""
+        current = {name: model.get_submodule(name) for name in self.originals}
+        states = {name: module.backend_state() for name, module in current.items() if isinstance(module, SparseConv2d)}
+        splits = {name: module.splits for name, module in model.named_modules() if isinstance(module, SplitKLinear)}
+        self.restore(model, layers)
+        try:
+            return timer.measure(Candidate("model:given"), run)
+        finally:
+            for name, module in current.items():
+                if model.get_submodule(name) is not module:
+                    _replace(model, name, module)
+                if name in states:
+                    module.restore_backend(states[name])
+            for name, module in model.named_modules():
+                if name in splits:
+                    module.splits = splits[name]
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):

@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from sparsecnn.core.spec import ConvSpec
-from sparsecnn.tuning.cache import CachedDecision, TuneCache, layer_key
+from sparsecnn.tuning.cache import CachedDecision, TuneCache, key_digest, layer_key
 from sparsecnn.tuning.phases import PhaseClock
 from sparsecnn.tuning.precision import PrecisionPolicy, tf32_flags
 from sparsecnn.tuning.report import LayerResult
@@ -62,7 +62,7 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
         chosen = None if decision is None else _offered(decision, candidates)
         if chosen is not None:
             return LayerResult(name, spec, chosen.backend, chosen.config, chosen.label(), decision.time_ms,
-                               decision.dense_ms, dict(decision.times_ms), {}, "hit")
+                               decision.dense_ms, dict(decision.times_ms), {}, "hit", key=key_digest(key))
         if decision is not None:
             note = f"the cached choice {decision.backend} {decision.config} is not among this run's candidates"
     deferred = tuple(c for c in candidates if c in deferred)
@@ -71,7 +71,8 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
                                  drop_ratio, activation == "relu", residual, clock=clock)
     if not deferred:
         _store(cache, key, selection)
-    return _result(name, spec, selection, selection.dropped, "tuned" if note is None else "retuned", note, deferred)
+    return _result(name, spec, selection, selection.dropped, "tuned" if note is None else "retuned", note, deferred,
+                   key)
 
 
 def finish_deferred(result: LayerResult, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -94,7 +95,7 @@ def finish_deferred(result: LayerResult, x: torch.Tensor, weight: torch.Tensor, 
     _store(cache, key, selection)
     merged = dataclasses.replace(selection, times_ms={**result.times_ms, **selection.times_ms})
     return _result(result.name, spec, merged, {**result.dropped, **selection.dropped}, result.cache,
-                   result.cache_note, ())
+                   result.cache_note, (), key)
 
 
 def _store(cache: Optional[TuneCache], key: dict, selection: Selection) -> None:
@@ -106,8 +107,8 @@ def _store(cache: Optional[TuneCache], key: dict, selection: Selection) -> None:
 
 
 def _result(name: str, spec: ConvSpec, selection: Selection, dropped: dict, cache: str, note: Optional[str],
-            deferred: tuple) -> LayerResult:
+            deferred: tuple, key: dict) -> LayerResult:
     best = selection.best
     dense_ms = selection.times_ms.get(Candidate(BASELINE).label(), float("nan"))
     return LayerResult(name, spec, best.backend, best.config, best.label(), selection.best_ms, dense_ms,
-                       selection.times_ms, dropped, cache, note, deferred)
+                       selection.times_ms, dropped, cache, note, deferred, key_digest(key))
