@@ -154,3 +154,23 @@ def test_apply_sets_the_recorded_linear_splits():
 def test_a_malformed_decision_is_refused(saved):
     with pytest.raises(ValueError, match="model decision"):
         ModelDecision.from_json(saved)
+
+
+def test_a_reload_prepares_only_the_cached_choices(tmp_path, monkeypatch):
+    prefetched = []
+    real = sparsify_module.prefetch_candidates
+
+    def recording(*args, candidates, **kwargs):
+        prefetched.append([candidate.label() for candidate in candidates])
+        return real(*args, candidates=candidates, **kwargs)
+
+    monkeypatch.setattr(sparsify_module, "prefetch_candidates", recording)
+    x = torch.randn(2, 3, 12, 12)
+    first, _ = _tune(_model(), x, tmp_path, {})
+    assert all(len(offered) > 1 for offered in prefetched) and len(prefetched) == 2
+    prefetched.clear()
+    _tune(_model(), x, tmp_path, {})
+    assert prefetched == [[layer.choice] for layer in first.layers]
+    prefetched.clear()
+    _tune(_model(), x, tmp_path, {}, retune=True)
+    assert all(len(offered) > 1 for offered in prefetched)

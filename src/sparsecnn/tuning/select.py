@@ -320,16 +320,19 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
 
 
 def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionPolicy, device_type: str,
-                        backends: Optional[List[str]] = None, *, has_bias: bool, relu_only: bool = False) -> None:
+                        backends: Optional[List[str]] = None, *, has_bias: bool, relu_only: bool = False,
+                        candidates: Optional[List[Candidate]] = None) -> None:
     """Call `Backend.prefetch(spec, weight, policy.dtype, has_bias, configs, relu_only)` of each
-    backend that `candidates_for` offers, with the configs it offers.
+    backend among `candidates` (None: those `candidates_for` offers), with their configs.
 
     spec: the layer at the input shape it will be tuned on; weight: the masked (K, C // groups, R, S)
     weight, bit-identical to the one tuning will prepare, so backends can recognise it by content;
     relu_only: the layer computes relu(conv + bias), no residual (see `Backend.bind_for`).
     """
+    if candidates is None:
+        candidates = candidates_for(spec, policy, device_type, backends, weight)
     configs: Dict[str, List[Any]] = {}
-    for candidate in candidates_for(spec, policy, device_type, backends, weight):
+    for candidate in candidates:
         configs.setdefault(candidate.backend, []).append(candidate.config)
     for name, offered in configs.items():
         prefetch = get_backend(name).prefetch

@@ -24,7 +24,7 @@ from sparsecnn.core.workers import job_times, reset_job_times
 from sparsecnn.nn.graphed import disable_cuda_graphs, enable_cuda_graphs
 from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
-from sparsecnn.tuning.cache import TuneCache
+from sparsecnn.tuning.cache import TuneCache, layer_key
 from sparsecnn.tuning.fingerprint import environment_fingerprint
 from sparsecnn.tuning.phases import PhaseClock, TickingTimer
 from sparsecnn.tuning.precision import PrecisionPolicy, resolve_policy, tf32_flags
@@ -40,7 +40,7 @@ from sparsecnn.tuning.layout import (
 from sparsecnn.tuning.linears import tune_linears
 import sparsecnn.tuning.model_decision as model_decision
 from sparsecnn.tuning.model_check import check_against_dense, check_against_given, dense_backend, model_timer
-from sparsecnn.tuning.tuner import finish_deferred, tune_layer
+from sparsecnn.tuning.tuner import cached_choice, finish_deferred, tune_layer
 
 FilterFn = Callable[[str, nn.Module], bool]
 _LOG = logging.getLogger("sparsecnn.tuning")
@@ -219,7 +219,8 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 if layer is not originals[name]:
                     _replace(model, name, layer)
             with clock.bar("prefetch", total=len(layers), unit="layer") as bar:
-                _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends, bar)
+                _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends,
+                          None if retune else cache, run_mode, bar)
             tuning = _LayerTuning(layers, masks or {}, policy, backends, cache, timer, retune, drop_ratio, clock,
                                   run_mode)
             with clock.bar("layers", total=len(layers), unit="layer") as bar:
@@ -339,12 +340,14 @@ def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[st
 
 
 def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, torch.Size], masks: Dict[str, torch.Tensor],
-              policy: PrecisionPolicy, device_type: str, backends: Optional[List[str]], bar: tqdm) -> None:
+              policy: PrecisionPolicy, device_type: str, backends: Optional[List[str]], cache: Optional[TuneCache],
+              run_mode: str, bar: tqdm) -> None:
     """Let the candidate backends start preparing each layer's weight at the input shape it will be
     tuned on, in model order, so that work for later layers overlaps the timing of earlier ones.
     The weight is the one `_LayerTuning._tune` will hand them, bit for bit; the layers themselves
-    are left as they are until tuned. Layers the inputs never reach are not prefetched. `bar`
-    advances by one per layer."""
+    are left as they are until tuned. A layer whose decision `cache` holds (None: retuning) gets its
+    choice prepared alone: the others will not run. Layers the inputs never reach are not
+    prefetched. `bar` advances by one per layer."""
     for name, layer in layers.items():
         bar.update(1)
         if name not in input_shapes:
@@ -352,8 +355,14 @@ def _prefetch(layers: Dict[str, SparseConv2d], input_shapes: Dict[str, torch.Siz
         weight = (layer.weight.detach() * _checked_mask(layer, name, masks.get(name))).to(policy.dtype)
         weight = (weight.unsqueeze(2) if layer.conv_dims == 1 else weight).contiguous()
         spec = layer.spec_for(torch.empty(input_shapes[name], device="meta"))
+        candidates = candidates_for(spec, policy, device_type, backends, weight)
+        if cache is not None:
+            key = layer_key(spec, policy.name, weight, layer.bias is not None, layer.activation, layer.takes_residual,
+                            [candidate.saved() for candidate in candidates], run_mode)
+            chosen, _, _ = cached_choice(cache, key, candidates)
+            candidates = candidates if chosen is None else [chosen]
         prefetch_candidates(spec, weight, policy, device_type, backends, has_bias=layer.bias is not None,
-                            relu_only=layer.relu_only)
+                            relu_only=layer.relu_only, candidates=candidates)
 
 
 class _LayerTuning:

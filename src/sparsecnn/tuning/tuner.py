@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -34,6 +34,17 @@ def _offered(decision: CachedDecision, candidates: List[Candidate]) -> Optional[
     return next((c for c in candidates if _normalised(list(c.saved())) == wanted), None)
 
 
+def cached_choice(cache: TuneCache, key: dict, candidates: List[Candidate]
+                  ) -> Tuple[Optional[Candidate], Optional[CachedDecision], Optional[str]]:
+    """(the cached choice among `candidates`, its decision, None) on a usable hit for `key`, else
+    (None, None or the decision, why the entry cannot be used or None when there is none)."""
+    decision, note = cache.lookup(key)
+    chosen = None if decision is None else _offered(decision, candidates)
+    if decision is not None and chosen is None:
+        note = f"the cached choice {decision.backend} {decision.config} is not among this run's candidates"
+    return chosen, decision, note
+
+
 def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], spec: ConvSpec,
                policy: PrecisionPolicy, candidates: List[Candidate], timer: Timer,
                cache: Optional[TuneCache] = None, retune: bool = False, drop_ratio: float = DEFAULT_DROP_RATIO,
@@ -58,13 +69,10 @@ def tune_layer(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[
                     [candidate.saved() for candidate in candidates], run_mode)
     note = None
     if cache is not None and not retune:
-        decision, note = cache.lookup(key)
-        chosen = None if decision is None else _offered(decision, candidates)
+        chosen, decision, note = cached_choice(cache, key, candidates)
         if chosen is not None:
             return LayerResult(name, spec, chosen.backend, chosen.config, chosen.label(), decision.time_ms,
                                decision.dense_ms, dict(decision.times_ms), {}, "hit", key=key_digest(key))
-        if decision is not None:
-            note = f"the cached choice {decision.backend} {decision.config} is not among this run's candidates"
     deferred = tuple(c for c in candidates if c in deferred)
     with tf32_flags(policy.dense_tf32):
         selection = pick_fastest(x, weight, bias, spec, [c for c in candidates if c not in deferred], timer,
