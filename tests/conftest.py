@@ -1,16 +1,18 @@
-"""Fixtures every test gets: a throwaway tuning cache, a seeded RNG, no blocks left provided to
-backend `blocks` by an earlier test, the `gpu` marker's skip
-without a GPU, and the `requires` marker (`helpers.common.needs`: skipped locally, failed in CI
+"""Fixtures every test gets: a throwaway tuning cache and blocks cache, a seeded RNG, no blocks left
+provided to backend `blocks` by an earlier test, the `gpu` marker's skip without a GPU, and the `requires` marker (`helpers.common.needs`: skipped locally, failed in CI
 when the machine lacks a tool, package or data set). The summary counts the skips by kind; with
 CI=true a skip that is neither GPU-only nor of an optional extra fails the run. Helpers shared by
 test files live in `helpers/`."""
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 from helpers.common import GPU_SKIP, IN_CI, OPTIONAL_PREFIX, missing, require
 from helpers.subprocess_site.interpreter_speedups import apply as apply_interpreter_speedups
+
+from sparsecnn.backends.blocks import extraction as block_extraction
 
 # Autotune decisions of test runs go to throwaway directories, never the user's cache: one per process
 # (what module and session fixtures tune), and a fresh one per test (`_own_tuning_cache`), so no test
@@ -106,6 +108,8 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(autouse=True)
 def _own_tuning_cache(monkeypatch):
     monkeypatch.setenv("SPARSECNN_CACHE_DIR", tempfile.mkdtemp(dir=_CACHE_ROOT))
+    blocks_dir = Path(tempfile.mkdtemp(dir=_CACHE_ROOT))  # blocks found by Algorithm 1, kept on disk
+    monkeypatch.setattr(block_extraction, "disk_cache_dir", lambda: blocks_dir)
 
 
 @pytest.fixture(autouse=True)

@@ -31,7 +31,7 @@ _WORKERS_DEFAULT = f"half the CPUs (1 to {MAX_WORKERS})"
 CACHE_DIR = Setting("SPARSECNN_CACHE_DIR", "path", "~/.cache/sparsecnn/autotune",
                     "tuning decisions cache (`sparsify_`, `autotune_model`)")
 CACHE = Setting("SPARSECNN_CACHE", "path", "~/.cache/sparsecnn/codegen",
-                "compiled-kernel disk cache (codegen, staged and unrolled backends)")
+                "compiled-kernel disk cache (codegen, staged and unrolled backends; blocks' extractions)")
 CODEGEN_LOADER = Setting("SPARSECNN_CODEGEN_LOADER", " or ".join(CODEGEN_LOADERS),
                          "cuda-python if installed, else cupy", "library that loads and launches cubins")
 NVCC = Setting("SPARSECNN_NVCC", "path", "nvcc on PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, /usr/local/bin, "
@@ -98,7 +98,8 @@ def tuning_cache_dir() -> Path:
 
 
 def codegen_cache_dir() -> Path:
-    """$SPARSECNN_CACHE (path; default ~/.cache/sparsecnn/codegen): the compiled-kernel disk cache."""
+    """$SPARSECNN_CACHE (path; default ~/.cache/sparsecnn/codegen): the compiled-kernel disk cache
+    (and, under blocks/, the dense blocks Algorithm 1 found)."""
     return _path(CACHE) or Path.home() / ".cache" / "sparsecnn" / "codegen"
 
 

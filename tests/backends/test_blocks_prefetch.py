@@ -194,3 +194,51 @@ def test_backends_without_prefetch_and_ineligible_backends_submit_nothing(monkey
     assert asked == [] and workers.pool is None
     prefetch_candidates(SPEC, weight, FP32, "cpu", ["blocks"], has_bias=True)
     assert asked == [3] and workers.failed  # ProcessPoolExecutor(0) refuses: asked, then in-process
+
+
+class _NoWorkers:
+    def submit(self, *args):
+        raise AssertionError("an extraction was submitted")
+
+    take = submit
+
+    def forget(self):
+        pass
+
+
+def test_found_blocks_are_kept_on_disk_by_pattern_and_give_the_new_weights_values(no_extractions, monkeypatch):
+    weight = _weight()
+    first = block_extraction.extraction(weight, 8)
+    (kept,) = block_extraction.disk_cache_dir().glob("*.npz")
+    block_extraction.clear_extractions()
+    _in_process_forbidden(monkeypatch)
+    monkeypatch.setattr(block_extraction, "_WORKERS", _NoWorkers())  # neither submitted nor taken
+    retrained = torch.where(weight != 0, torch.randn_like(weight), torch.zeros_like(weight))
+    block_extraction.submit_extractions(retrained, [8])
+    again = block_extraction.extraction(retrained, 8)
+    assert len(again.blocks) == len(first.blocks) > 0 and again.report.partitioner == first.report.partitioner
+    for mine, theirs in zip(again.blocks, first.blocks):
+        assert torch.equal(mine.rows, theirs.rows) and torch.equal(mine.cols, theirs.cols) and mine.level == theirs.level
+        assert torch.equal(mine.values != 0, theirs.values != 0)
+    assert torch.equal(again.to_dense(), retrained)
+    assert list(block_extraction.disk_cache_dir().glob("*.npz")) == [kept]
+
+
+def test_each_t2_and_pattern_has_its_own_file_and_a_damaged_one_is_extracted_again(no_extractions, caplog):
+    weight = _weight()
+    block_extraction.extraction(weight, 8)
+    block_extraction.extraction(weight, 4)
+    other = weight.clone()
+    other.view(64, -1)[0, :] = 0  # another pattern
+    block_extraction.extraction(other, 8)
+    files = sorted(block_extraction.disk_cache_dir().glob("*.npz"))
+    assert len(files) == 3
+    block_extraction.clear_extractions()
+    path = block_extraction._disk_path(weight, 8)
+    path.write_bytes(b"not an npz")
+    expected = extract_blocks(weight, BlockParams(t2=8))
+    with caplog.at_level(logging.WARNING):
+        _assert_same(block_extraction.extraction(weight, 8), expected)
+    assert "unreadable blocks cache file" in caplog.text
+    block_extraction.clear_extractions()
+    assert block_extraction._from_disk(weight, 8) is not None  # rewritten

@@ -7,6 +7,11 @@ backend `blocks`' `prefetch` hands it to worker processes ahead of tuning (`subm
 `clear_extractions`), else extracts in-process (kept in a small LRU: a layer's t2 values repeat
 across its configs). Results are the same either way: Algorithm 1 is deterministic.
 
+What Algorithm 1 found is also kept on disk, under $SPARSECNN_CACHE/blocks, by the weight's
+non-zero pattern (never its values), t2, the partitioner and a digest of the algorithm's source
+(`format.py`): a reload of a tuned model, or the same pruned layer tuned again, takes the blocks
+from there and extracts nothing (nor submits anything).
+
 Blocks a re-pruning chose (`prune.tiles`, `prune.reprune`) are used as they are: `provide_blocks`
 records them with the layer's mask, and `extraction` of a weight whose non-zeros all lie inside
 that mask (the re-trained weight, BatchNorm-folded or cast to another dtype; of several such
@@ -15,20 +20,31 @@ instead of running Algorithm 1.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import os
 import pickle
+import tempfile
+import time
+import zipfile
 from collections import OrderedDict
+from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 import sparsecnn.settings as settings
+from sparsecnn.backends.blocks import format as block_format
 from sparsecnn.backends.blocks.format import (
     BlockDecomposition,
     BlockParams,
+    decompose,
     extract_blocks,
+    found_blocks,
     given_decomposition,
+    resolved_partitioner,
 )
 from sparsecnn.core.workers import NOTHING, WorkerPool
 
@@ -115,21 +131,77 @@ def _content(weight: torch.Tensor) -> Tuple[torch.Tensor, Tuple[str, Tuple[int, 
     return data, (digest, tuple(data.shape), str(data.dtype))
 
 
+def disk_cache_dir() -> Path:
+    """Where found blocks are kept: $SPARSECNN_CACHE/blocks."""
+    return settings.codegen_cache_dir() / "blocks"
+
+
+@functools.lru_cache(maxsize=1)
+def _algorithm_digest() -> str:
+    return hashlib.blake2b(Path(block_format.__file__).read_bytes(), digest_size=8).hexdigest()
+
+
+def _disk_path(data: torch.Tensor, t2: int) -> Path:
+    """The file of `data`'s (a CPU weight) non-zero pattern's blocks at t2 with this partitioner."""
+    params = BlockParams(t2=t2)
+    digest = hashlib.blake2b(np.packbits((data != 0).numpy().ravel()).tobytes(), digest_size=16)
+    digest.update(repr((tuple(data.shape), t2, resolved_partitioner(params), _algorithm_digest())).encode())
+    return disk_cache_dir() / f"{digest.hexdigest()}.npz"
+
+
+def _from_disk(data: torch.Tensor, t2: int) -> Optional[BlockDecomposition]:
+    """The decomposition of `data` from the blocks kept on disk, or None (none, or unreadable: then
+    extracted again and rewritten)."""
+    path = _disk_path(data, t2)
+    if not path.exists():
+        return None
+    start = time.perf_counter()
+    try:
+        with np.load(path) as saved:
+            levels = saved["levels"]
+            found = [(int(level), saved[f"rows{i}"], saved[f"cols{i}"], saved[f"taken{i}"])
+                     for i, level in enumerate(levels)]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+        _LOG.warning("ignoring unreadable blocks cache file %s (%s: %s)", path, type(error).__name__, error)
+        return None
+    return decompose(data, found, BlockParams(t2=t2), resolved_partitioner(BlockParams(t2=t2)), start)
+
+
+def _to_disk(data: torch.Tensor, t2: int, decomposition: BlockDecomposition) -> None:
+    """Keep what Algorithm 1 found for `data` at t2 (atomically: a reader sees a whole file or none);
+    a cache that cannot be written only costs the next extraction."""
+    path = _disk_path(data, t2)
+    found = found_blocks(decomposition)
+    arrays = {"levels": np.array([level for level, *_ in found], dtype=np.int64)}
+    for i, (_, rows, cols, taken) in enumerate(found):
+        arrays.update({f"rows{i}": rows, f"cols{i}": cols, f"taken{i}": taken})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npz", dir=path.parent)
+        with os.fdopen(handle, "wb") as file:
+            np.savez(file, **arrays)
+        os.replace(temporary, path)
+    except OSError as error:
+        _LOG.warning("could not keep blocks in %s (%s)", path.parent, error)
+
+
 def submit_extractions(weight: torch.Tensor, t2_values: Iterable[int]) -> None:
-    """Start Algorithm 1 on `weight` (K, C, R, S) for each t2 in worker processes; `_extraction`
-    of the same weight content and t2 then waits for that result instead of extracting."""
+    """Start Algorithm 1 on `weight` (K, C, R, S) for each t2 in worker processes, unless its blocks
+    are kept on disk; `_extraction` of the same weight content and t2 then waits for that result
+    instead of extracting."""
     data, content = _content(weight)
     if _provided_for(data) is not None:
         return
-    sent = data.clone()  # sending moves a tensor's storage to shared memory: never the caller's
+    sent = None
     for t2 in dict.fromkeys(t2_values):
-        if (*content, t2) not in _EXTRACTIONS:
+        if (*content, t2) not in _EXTRACTIONS and not _disk_path(data, t2).exists():
+            sent = data.clone() if sent is None else sent  # sending moves a tensor's storage to shared memory
             _WORKERS.submit((*content, t2), _extract_in_worker, sent, t2)
 
 
 def extraction(weight: torch.Tensor, t2: int) -> BlockDecomposition:
     """The provided blocks of `weight`'s non-zero pattern (`provide_blocks`), else Algorithm 1 with
-    the paper's t1 = B1 = B2 = 8 and this t2; cached by content."""
+    the paper's t1 = B1 = B2 = 8 and this t2 (kept on disk by pattern); cached in-process by content."""
     data, content = _content(weight)
     key = (*content, t2)
     if key in _EXTRACTIONS:
@@ -139,8 +211,11 @@ def extraction(weight: torch.Tensor, t2: int) -> BlockDecomposition:
     if provided is not None:
         decomposition = given_decomposition(data, provided, BlockParams(t2=t2))
     else:
+        decomposition = _from_disk(data, t2)
+    if decomposition is None:
         pickled = _WORKERS.take(key)
         decomposition = extract_blocks(data, BlockParams(t2=t2)) if pickled is NOTHING else pickle.loads(pickled)
+        _to_disk(data, t2, decomposition)
     _EXTRACTIONS[key] = decomposition
     if len(_EXTRACTIONS) > _CACHE_SIZE:
         _EXTRACTIONS.popitem(last=False)

@@ -156,11 +156,19 @@ def extract_blocks(weight: torch.Tensor, params: Optional[BlockParams] = None) -
         raise ValueError(f"weight must be a floating tensor with >= 2 dims, got "
                          f"{getattr(weight, 'dtype', type(weight))} {tuple(getattr(weight, 'shape', ()))}")
     start = time.perf_counter()
-    matrix = weight.detach().reshape(weight.shape[0], -1).cpu()
-    mask = (matrix != 0).numpy()
+    mask = (weight.detach().reshape(weight.shape[0], -1).cpu() != 0).numpy()
     with _one_thread():
         partition, name = _partitioner(mask, params)
         found = _algorithm1(mask.copy(), params, partition)
+    return decompose(weight, found, params, name, start)
+
+
+def decompose(weight: torch.Tensor, found: Sequence[Block], params: BlockParams, partitioner: str,
+              start: float) -> BlockDecomposition:
+    """`weight` (K, C, R, S, or K x N) split into the blocks Algorithm 1 `found` for its non-zero
+    pattern ((level, rows, cols, taken) each: see `_algorithm1`), each block holding the weight's
+    values at its taken cells; `start`: the `time.perf_counter()` the report's seconds count from."""
+    matrix = weight.detach().reshape(weight.shape[0], -1).cpu()
     blocks = []
     remainder = matrix.clone()
     for level, rows, cols, taken in found:
@@ -171,7 +179,14 @@ def extract_blocks(weight: torch.Tensor, params: Optional[BlockParams] = None) -
     seconds = time.perf_counter() - start
     kernel_shape = tuple(weight.shape) if weight.dim() == 4 else (weight.shape[0], matrix.shape[1], 1, 1)
     return BlockDecomposition(tuple(blocks), CSRWeight.from_dense(remainder), kernel_shape, params,
-                              _report(blocks, int(mask.sum()), seconds, name))
+                              _report(blocks, int((matrix != 0).sum()), seconds, partitioner))
+
+
+def found_blocks(decomposition: BlockDecomposition) -> List[Block]:
+    """What Algorithm 1 found, as `decompose` takes it, back from a decomposition it made: a block's
+    taken cells are its non-zero values (it takes non-zeros only)."""
+    return [(block.level, block.rows.numpy(), block.cols.numpy(), (block.values != 0).numpy())
+            for block in decomposition.blocks]
 
 
 def given_decomposition(weight: torch.Tensor, blocks: Sequence[Tuple[Sequence[int], Sequence[int]]],
@@ -299,10 +314,15 @@ class _Partitioner:
         """The non-zeros `taken` (bool (len(rows), k)) of `rows` left the matrix."""
 
 
+def resolved_partitioner(params: BlockParams) -> str:
+    """The partitioner `extract_blocks` runs for `params` here: "auto" resolved."""
+    if params.partitioner == "auto":
+        return "mtkahypar" if _mtkahypar() is not None else "jaccard"
+    return params.partitioner
+
+
 def _partitioner(mask: np.ndarray, params: BlockParams) -> Tuple[_Partitioner, str]:
-    name = params.partitioner
-    if name == "auto":
-        name = "mtkahypar" if _mtkahypar() is not None else "jaccard"
+    name = resolved_partitioner(params)
     if name == "mtkahypar":
         if _mtkahypar() is None:
             raise ValueError("partitioner='mtkahypar' needs the mtkahypar package (pip install mtkahypar)")
