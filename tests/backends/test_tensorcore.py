@@ -652,3 +652,102 @@ def test_auto_tuning_offers_only_the_configs_the_weight_keeps(monkeypatch):
     none = dataclasses.replace(tensorcore, weight_configs=lambda weight, configs: [])
     monkeypatch.setattr(select, "get_backend", lambda name: none if name == "tensorcore" else real(name))
     assert offered(weight=weight) == [] and offered() != []  # a cost model may rule the backend out
+
+
+# --- a projection shortcut in the same reduction (format.pack_shortcut_units) ------------------------
+
+def expected_with_shortcut(x, weight, bias, stride, padding, x2, shortcut, stride2, relu=False, residual=None):
+    y = expected(x, weight, bias, stride, padding, residual=residual)
+    y = y + reference_conv(x2, shortcut, None, stride=stride2, padding=0, fp64=True)
+    return y.clamp(min=0) if relu else y
+
+
+def test_pack_shortcut_units_holds_both_weights_and_splits_each_group():
+    from sparsecnn.backends.tensorcore.format import pack_shortcut_units
+
+    weight, shortcut = unit_weight(40, 32, 3, 3, 16, 16, keep=0.4), unit_weight(40, 24, 1, 1, 16, 16, keep=0.5)
+    packed = pack_shortcut_units(weight, shortcut, 16, 16)
+    assert packed.kernel_shape == (40, 32, 3, 3) and packed.shortcut_channels == 24
+    combined = dataclasses.replace(packed, kernel_shape=(40, 56, 3, 3))
+    dense = unpack(combined)
+    assert torch.equal(dense[:, :32], weight) and torch.equal(dense[:, 32:, 0, 0], shortcut[:, :, 0, 0])
+    assert not dense[:, 32:, 1:].any() and not dense[:, 32:, 0, 1:].any()
+    for g in range(packed.num_groups):
+        start, split, end = int(packed.group_start[g]), int(packed.group_split[g]), int(packed.group_start[g + 1])
+        assert start <= split <= end
+        assert all(int(packed.unit_chunk[u]) < 2 for u in range(start, split))
+        assert all(int(packed.unit_chunk[u]) >= 2 and int(packed.unit_tap[u]) == 0 for u in range(split, end))
+    with pytest.raises(ValueError, match="multiple of chunk"):
+        pack_shortcut_units(weight[:, :20], shortcut, 16, 16)
+    with pytest.raises(ValueError, match=r"shortcut \(K, C2, 1, 1\)"):
+        pack_shortcut_units(weight, shortcut.expand(40, 24, 3, 3), 16, 16)
+
+
+SHORTCUT_SHAPES = [  # (N, C, K, H, R, stride, padding, C2, H2, stride2): main conv then the shortcut's input
+    (2, 16, 33, 13, 1, 1, 0, 24, 13, 1), (1, 32, 40, 13, 3, 2, 1, 16, 13, 2), (2, 16, 17, 9, 3, 1, 1, 40, 17, 2),
+    (0, 16, 16, 5, 3, 1, 1, 16, 5, 1), (1, 32, 24, 6, 5, 3, 3, 8, 9, 3),
+]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("N,C,K,H,R,stride,padding,C2,H2,stride2", SHORTCUT_SHAPES)
+@pytest.mark.parametrize("unroll", [1, 2])
+def test_kernel_with_a_shortcut_matches_fp64_on_odd_shapes(N, C, K, H, R, stride, padding, C2, H2, stride2, unroll):
+    """C2 off the chunk (masked loads), strided shortcuts, a residual and ReLU as well."""
+    from sparsecnn.backends.tensorcore.format import pack_shortcut_units
+
+    config = TensorCoreConfig(group=16, chunk=16, block_m=32, order="index", unroll=unroll)
+    weight = unit_weight(K, C, R, R, 16, 16, keep=0.4, seed=2)
+    shortcut = unit_weight(K, C2, 1, 1, 16, 16, keep=0.5, seed=3)
+    packed = pack_shortcut_units(weight, shortcut, 16, 16)
+    x, x2, bias = inputs((N, C, H, H)), inputs((N, C2, H2, H2), seed=4), torch.randn(K)
+    P = (H + 2 * padding - R) // stride + 1
+    residual = inputs((N, K, P, P), seed=5)
+    y = unit_conv(x, packed, (stride, stride), (padding, padding), config, bias=bias, residual=residual, relu=True,
+                  shortcut=x2, shortcut_stride=(stride2, stride2))
+    ref = expected_with_shortcut(x, weight, bias, stride, padding, x2, shortcut, stride2, relu=True, residual=residual)
+    assert y.shape == ref.shape and y.is_contiguous(memory_format=torch.channels_last)
+    if N:
+        assert relative_error(y, ref) < 1e-5
+
+
+@needs_interpreter
+def test_kernel_refuses_a_shortcut_that_does_not_match():
+    from sparsecnn.backends.tensorcore.format import pack_shortcut_units
+
+    config = TensorCoreConfig(group=16, chunk=16, block_m=32, order="index")
+    weight, shortcut = unit_weight(16, 16, 1, 1, 16, 16), unit_weight(16, 8, 1, 1, 16, 16)
+    packed, plain = pack_shortcut_units(weight, shortcut, 16, 16), pack_units(weight, 16, 16)
+    x = inputs((1, 16, 8, 8))
+    with pytest.raises(ValueError, match="exactly when the packed weight holds one"):
+        unit_conv(x, packed, (1, 1), (0, 0), config)
+    with pytest.raises(ValueError, match="exactly when the packed weight holds one"):
+        unit_conv(x, plain, (1, 1), (0, 0), config, shortcut=inputs((1, 8, 8, 8)))
+    with pytest.raises(ValueError, match=r"shortcut must be \(N=1, C2=8"):
+        unit_conv(x, packed, (1, 1), (0, 0), config, shortcut=inputs((1, 16, 8, 8)))
+    with pytest.raises(ValueError, match="does not give the output's"):
+        unit_conv(x, packed, (1, 1), (0, 0), config, shortcut=inputs((1, 8, 16, 16)), shortcut_stride=(1, 1))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,precision", GPU_MODES, ids=str)
+def test_gpu_kernel_with_a_shortcut(dtype, precision):
+    """ResNet's stride-2 block end (1x1 conv + projection shortcut) on odd sizes, every auto packing."""
+    from sparsecnn.backends.tensorcore.format import pack_shortcut_units
+
+    N, C, K, H, C2, H2 = 3, 32, 72, 7, 48, 13
+    x = inputs((N, C, H, H), device="cuda", dtype=dtype)
+    x2 = inputs((N, C2, H2, H2), seed=4, device="cuda", dtype=dtype)
+    bias = torch.randn(K, device="cuda").to(dtype)
+    for config in auto_configs(ConvSpec(N, C, K, H, H, 1, 1), dtype):
+        config = dataclasses.replace(config, precision=precision)
+        weight = unit_weight(K, C, 1, 1, config.group, config.chunk, keep=0.4).cuda().to(dtype)
+        shortcut = unit_weight(K, C2, 1, 1, config.group, config.chunk, keep=0.4, seed=3).cuda().to(dtype)
+        packed = pack_shortcut_units(weight, shortcut, config.group, config.chunk)
+        ref = expected_with_shortcut(x, weight, bias, 1, 0, x2, shortcut, 2, relu=True)
+        torch.empty(ref.numel() * 4, dtype=torch.uint8, device="cuda").fill_(0xFF)  # poison
+        y = unit_conv(x, packed, (1, 1), (0, 0), config, bias=bias, relu=True, shortcut=x2, shortcut_stride=(2, 2))
+        combined = torch.cat([weight, shortcut], dim=1)
+        limit = gpu_limit(torch.cat([x, x2[:, :, ::2, ::2]], dim=1), combined, bias, 1, 0, config.precision)
+        assert relative_error(y, ref) <= limit, config

@@ -15,7 +15,7 @@ its range in `group_start`, where a ranged list would need the range first (one 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -32,7 +32,8 @@ class UnitWeights:
     int32, the output channel of each group row, -1 for padding rows. permuted: False when out_channel is 0..K-1
     (then rows past K are padding). order: how the channels were ordered, "index", "support" or
     "given" (an explicit permutation). max_units: the most units any group keeps (kernels size
-    their register copy of a group's unit list by it).
+    their register copy of a group's unit list by it). shortcut_channels, group_split: see
+    `pack_shortcut_units` (0 and None for a plain weight).
     """
 
     values: torch.Tensor
@@ -47,6 +48,8 @@ class UnitWeights:
     permuted: bool
     order: str = "index"
     max_units: int = 0
+    shortcut_channels: int = 0
+    group_split: Optional[torch.Tensor] = None
 
     @property
     def num_groups(self) -> int:
@@ -59,7 +62,7 @@ class UnitWeights:
     def to(self, device) -> "UnitWeights":
         return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in
                                             ("values", "unit_tap", "unit_chunk", "unit_code", "group_start",
-                                             "out_channel")})
+                                             "out_channel", "group_split") if getattr(self, f) is not None})
 
 
 CODE_FIELD_LIMIT = 1 << 15  # taps and chunk indices per unit code field (int32: tap | chunk << 16)
@@ -176,3 +179,31 @@ def pack_units(weight: torch.Tensor, group: int, chunk: int,
                        kernel_shape=(K, C, R, S), group=group, chunk=chunk, permuted=order != list(range(K)),
                        order=label, max_units=max_units,
                        unit_code=unit_codes(unit_tap, unit_chunk, counts, max_units))
+
+
+def pack_shortcut_units(weight: torch.Tensor, shortcut: torch.Tensor, group: int, chunk: int) -> UnitWeights:
+    """`weight` (K, C, R, S) and a 1x1 `shortcut` weight (K, C2, 1, 1) packed as one reduction, for
+    y = conv(x, weight) + conv(x2, shortcut) in one kernel: a ResNet block's last conv with its
+    projection shortcut (the downsample conv) folded in, so the shortcut's output is never written
+    and read back as a residual. The units are those of the (K, C + C2, R, S) weight holding
+    `weight` in channels 0..C-1 and the shortcut at tap 0 in C..C+C2-1, in index order; a group's
+    units of `weight` come first (units are ordered by chunk), the shortcut's from
+    `group_split[g]` on. C must be a multiple of `chunk`, so that no unit spans both inputs.
+    Returns its `UnitWeights`: kernel_shape (K, C, R, S), shortcut_channels C2, group_split
+    (num_groups,) int32."""
+    if weight.dim() != 4 or shortcut.dim() != 4 or shortcut.shape[2:] != (1, 1) or shortcut.shape[0] != weight.shape[0]:
+        raise ValueError(f"weight must be (K, C, R, S) and shortcut (K, C2, 1, 1), got {tuple(weight.shape)} and "
+                         f"{tuple(shortcut.shape)}")
+    K, C, R, S = weight.shape
+    if C % chunk:
+        raise ValueError(f"weight's input channels C={C} must be a multiple of chunk={chunk} to take a shortcut")
+    combined = torch.zeros(K, C + shortcut.shape[1], R, S, dtype=weight.dtype, device=weight.device)
+    combined[:, :C] = weight.detach()
+    combined[:, C:, 0, 0] = shortcut.detach()[:, :, 0, 0]
+    packed = pack_units(combined, group, chunk)
+    counts = (packed.group_start[1:] - packed.group_start[:-1]).cpu()
+    owner = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    main_units = torch.bincount(owner[packed.unit_chunk.cpu() < C // chunk], minlength=counts.numel())
+    group_split = (packed.group_start[:-1].cpu() + main_units).to(torch.int32)
+    return dataclasses.replace(packed, kernel_shape=(K, C, R, S), shortcut_channels=shortcut.shape[1],
+                               group_split=group_split.to(weight.device))

@@ -89,10 +89,12 @@ class TensorCoreConfig:
 def _unit_conv_kernel(x_ptr, values_ptr, unit_code_ptr, code_row, group_start_ptr, out_channel_ptr,
                       bias_ptr, residual_ptr, y_ptr,
                       M, H, W, C, P, Q, K, kernel_w, stride_h, stride_w, pad_h, pad_w, num_groups,
+                      x2_ptr, group_split_ptr, H2, W2, C2, stride2_h, stride2_w,
                       BLOCK_M: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, ROW_ALIGN: tl.constexpr,
                       EVEN_C: tl.constexpr, PERMUTED: tl.constexpr, HAS_BIAS: tl.constexpr,
                       HAS_RESIDUAL: tl.constexpr, RELU: tl.constexpr, PRECISION: tl.constexpr,
-                      SLOTS: tl.constexpr, UNROLL: tl.constexpr, USE_GDC: tl.constexpr):
+                      SLOTS: tl.constexpr, UNROLL: tl.constexpr, USE_GDC: tl.constexpr,
+                      SHORTCUT: tl.constexpr, ROW_ALIGN2: tl.constexpr, EVEN_C2: tl.constexpr):
     pid = tl.program_id(0)
     group = pid % num_groups
     offs_m = (pid // num_groups) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -114,12 +116,16 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_code_ptr, code_row, group_start_pt
         bias = tl.load(bias_ptr + channel, mask=channel_ok, other=0.0).to(tl.float32)
     acc = tl.zeros((BLOCK_M, GROUP), dtype=tl.float32)
     start, end, codes = group_units(group_start_ptr, unit_code_ptr, code_row, group, SLOTS)
+    if SHORTCUT:  # the group's units past `split` are the shortcut's (format.pack_shortcut_units)
+        split = tl.load(group_split_ptr + group)
+    else:
+        split = end
     if USE_GDC:  # the loads above read this layer's weights; x and residual may come from the kernel before
         tl.extra.cuda.gdc_wait()
-    for first in range(start, end, UNROLL):
+    for first in range(start, split, UNROLL):
         for step in tl.static_range(UNROLL):
             unit = first + step
-            present = unit < end  # the last iteration of an unrolled loop may pass the group's end
+            present = unit < split  # the last iteration of an unrolled loop may pass the group's end
             tap, c0 = unit_at(unit_code_ptr, code_row, group, codes, unit - start, present, CHUNK, SLOTS)
             h = h_base + tap // kernel_w
             w = w_base + tap % kernel_w
@@ -137,6 +143,18 @@ def _unit_conv_kernel(x_ptr, values_ptr, unit_code_ptr, code_row, group_start_pt
                 b = tl.load(b_pointers, mask=present, other=0.0)
             else:
                 b = tl.load(b_pointers)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    if SHORTCUT:  # a 1x1 conv of x2 at stride2, pad 0: its pixel for output (p, q) is (p * stride2, q * stride2)
+        pixel2 = (offs_m // (P * Q)).to(tl.int64) * H2 * W2 * C2 + (p * stride2_h * W2 + q * stride2_w) * C2
+        for unit in range(split, end):
+            _, c0 = unit_at(unit_code_ptr, code_row, group, codes, unit - start, True, CHUNK, SLOTS)
+            row = tl.multiple_of(pixel2 + (c0 - C), ROW_ALIGN2)
+            if EVEN_C2:
+                a_mask = in_m[:, None]
+            else:
+                a_mask = in_m[:, None] & ((c0 - C + offs_c) < C2)[None, :]
+            a = tl.load(x2_ptr + row[:, None] + offs_c[None, :], mask=a_mask, other=0.0)
+            b = tl.load(values_ptr + unit * (CHUNK * GROUP) + offs_c[:, None] * GROUP + offs_g[None, :])
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if USE_GDC:  # the next layer's programs may start their weight loads while this one stores
         tl.extra.cuda.gdc_launch_dependents()
@@ -167,12 +185,16 @@ def dependent_launch(x: torch.Tensor) -> bool:
 
 def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: TensorCoreConfig,
               bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
-              relu: bool = False) -> torch.Tensor:
-    """y = relu?(conv(x, W) + bias + residual) with W in units (format.py); dilation 1, groups 1.
+              relu: bool = False, shortcut: Optional[torch.Tensor] = None, shortcut_stride=(1, 1)) -> torch.Tensor:
+    """y = relu?(conv(x, W) + bias + residual [+ conv(shortcut, W2, shortcut_stride)]) with W in
+    units (format.py); dilation 1, groups 1.
 
     x: (N, C, H, W) fp16/bf16/fp32 on CUDA (CPU with TRITON_INTERPRET=1), channels_last memory
     (another layout is copied to it). bias: (K,) or None; residual: (N, K, P, Q) of x's dtype or None.
-    stride, padding: (h, w) pairs. Returns (N, K, P, Q) in channels_last memory, x's dtype.
+    stride, padding: (h, w) pairs. shortcut: (N, C2, H2, W2) of x's dtype, given exactly when
+    `packed` holds a shortcut weight W2 (`format.pack_shortcut_units`): its 1x1 conv at
+    `shortcut_stride`, padding 0, must give the output's (P, Q) pixels; it runs in the same
+    reduction (pointer kernel). Returns (N, K, P, Q) in channels_last memory, x's dtype.
     """
     if config.packing[:2] != (packed.group, packed.chunk):
         raise ValueError(f"config packing (group, chunk) = {config.packing[:2]} does not match the packed weight's "
@@ -189,12 +211,13 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
     if residual is not None:
         residual = residual.contiguous(memory_format=torch.channels_last)
     M = N * shape[2] * shape[3]
+    shortcut = _checked_shortcut(shortcut, shortcut_stride, packed, x, shape)
     if M == 0:
         return y
     precision = "tf32" if x.dtype == torch.float32 and config.precision == "tf32" else "ieee"
     pdl = dependent_launch(x)
-    if config.loads == "tma" and tma_eligible(x, residual, packed.kernel_shape, stride, packed.chunk, packed.group,
-                                              packed.permuted):
+    if shortcut is None and config.loads == "tma" and tma_eligible(x, residual, packed.kernel_shape, stride,
+                                                                   packed.chunk, packed.group, packed.permuted):
         return tma_unit_conv(x, packed.values, packed.unit_code, packed.group_start,
                              packed.kernel_shape, padding, y, packed.group, packed.chunk, config.block_m,
                              config.num_warps, config.num_stages, precision, packed.max_units, bias, residual, relu,
@@ -205,12 +228,44 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
         bias if bias is not None else y, residual if residual is not None else y, y,
         M, H, W, C, shape[2], shape[3], K, packed.kernel_shape[3], stride[0], stride[1], padding[0], padding[1],
         packed.num_groups,
+        *_shortcut_args(shortcut, shortcut_stride, packed, x),
         BLOCK_M=config.block_m, GROUP=config.group, CHUNK=config.chunk, ROW_ALIGN=_row_align(C, config.chunk),
         EVEN_C=C % config.chunk == 0, PERMUTED=packed.permuted, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, RELU=relu, PRECISION=precision, SLOTS=unit_slots(packed.max_units),
-        UNROLL=config.unroll, USE_GDC=pdl, launch_pdl=pdl, num_warps=config.num_warps,
+        UNROLL=config.unroll, USE_GDC=pdl, SHORTCUT=shortcut is not None,
+        ROW_ALIGN2=_row_align(packed.shortcut_channels or 16, config.chunk),
+        EVEN_C2=packed.shortcut_channels % config.chunk == 0, launch_pdl=pdl, num_warps=config.num_warps,
         num_stages=config.num_stages)
     return y
+
+
+def _checked_shortcut(shortcut: Optional[torch.Tensor], stride, packed: UnitWeights, x: torch.Tensor,
+                      out_shape) -> Optional[torch.Tensor]:
+    """`shortcut` in channels_last memory after checking it against `packed` and the output shape
+    (ValueError naming what differs)."""
+    if (shortcut is None) != (packed.shortcut_channels == 0):
+        raise ValueError(f"shortcut must be given exactly when the packed weight holds one (it holds "
+                         f"{packed.shortcut_channels} shortcut channels), got {'none' if shortcut is None else 'one'}")
+    if shortcut is None:
+        return None
+    N, K, P, Q = out_shape
+    if shortcut.dim() != 4 or shortcut.shape[:2] != (N, packed.shortcut_channels) or shortcut.dtype != x.dtype:
+        raise ValueError(f"shortcut must be (N={N}, C2={packed.shortcut_channels}, H2, W2) of {x.dtype}, got "
+                         f"{tuple(shortcut.shape)} of {shortcut.dtype}")
+    sh, sw = stride
+    if N and not ((P - 1) * sh < shortcut.shape[2] <= P * sh and (Q - 1) * sw < shortcut.shape[3] <= Q * sw):
+        raise ValueError(f"shortcut of {tuple(shortcut.shape[2:])} pixels at stride {tuple(stride)} does not give the "
+                         f"output's {(P, Q)}")
+    return shortcut.contiguous(memory_format=torch.channels_last)
+
+
+def _shortcut_args(shortcut: Optional[torch.Tensor], stride, packed: UnitWeights, x: torch.Tensor) -> tuple:
+    """The kernel's (x2, group_split, H2, W2, C2, stride2_h, stride2_w); without a shortcut, stand-ins
+    the kernel never reads (ints of 1, which Triton specializes as constants: no extra compile)."""
+    if shortcut is None:
+        return x, packed.group_start, 1, 1, 1, 1, 1
+    _, C2, H2, W2 = shortcut.shape
+    return shortcut, packed.group_split, H2, W2, C2, stride[0], stride[1]
 
 
 # (block_m, num_warps, num_stages) per launch. Probe on ResNet-50's layers (H200, fp16, N=32,
