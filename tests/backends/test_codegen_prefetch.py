@@ -195,7 +195,7 @@ def test_autotune_model_prefetches_at_each_layers_input_shape(monkeypatch, tmp_p
         expected = [(2, 3, 8, 13, 11, 3, 3, (1, 1), (1, 1), True, True), (2, 8, 4, 13, 11, 3, 3, (2, 2), (0, 0), False, False)]
     seen = []
 
-    def record(spec, weight, policy, device_type, backends=None, *, has_bias, relu_only):
+    def record(spec, weight, policy, device_type, backends=None, *, has_bias, relu_only, candidates):
         seen.append((spec.N, spec.C, spec.K, spec.H, spec.W, spec.R, spec.S, spec.stride, spec.padding, has_bias,
                      relu_only))
         assert weight.shape == (spec.K, spec.C, spec.R, spec.S)

@@ -33,8 +33,14 @@ def huber_loss(model, batch):
     return torch.nn.functional.smooth_l1_loss(model(x), y)
 
 
+def mark(step: str) -> None:
+    """How far this rank got, on stderr (the test shows it when a rank fails)."""
+    print(f"rank {rank()}: {step}", file=sys.stderr, flush=True)
+
+
 def main(out: Path, device: torch.device) -> None:
     init_from_env(device)
+    mark("initialised")
     model, x, y = regression_problem()
     model, x, y = model.to(device), x.to(device), y.to(device)
     batches = shard_for_this_rank(Batches(x, y, 32, shuffle=True, seed=0))
@@ -44,7 +50,9 @@ def main(out: Path, device: torch.device) -> None:
     torch.save({"masks": {name: mask.cpu() for name, mask in masks.items()},
                 "state_dict": {key: value.cpu() for key, value in model.state_dict().items()}, "loss": loss},
                out / f"rank{rank()}.pt")
+    mark("saved")
     close()
+    mark("closed")
 
 
 if __name__ == "__main__":

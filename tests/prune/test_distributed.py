@@ -23,12 +23,22 @@ WORKER = Path(__file__).resolve().parents[1] / "helpers" / "ddp_prune.py"
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# A torchrun rank aborted twice in about 20 CI runs with SIGABRT, "terminate called without an
+# active exception" (gloo tearing down; not reproduced in 92 runs here, 6 at a time on 2 cores). Such a run is started once more; the
+# worker's markers on stderr say how far each rank got.
+_RANK_ABORTED = "(SIGABRT)"
+
+
 def _run(command, out: Path, *args: str):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    done = subprocess.run(command + [str(WORKER), str(out), *args], env=env, capture_output=True, text=True,
-                          timeout=240)
+    for attempt in (1, 2):
+        done = subprocess.run(command + [str(WORKER), str(out), *args], env=env, capture_output=True, text=True,
+                              timeout=240)
+        if done.returncode == 0 or _RANK_ABORTED not in done.stderr:
+            break
+        print(f"attempt {attempt}: a rank aborted; its markers:", done.stderr[-3000:], file=sys.stderr)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
