@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # A torchrun rank aborted twice in about 20 CI runs with SIGABRT, "terminate called without an
-# active exception" (gloo tearing down; not reproduced in 92 runs here, 6 at a time on 2 cores). Such a run is started once more; the
-# worker's markers on stderr say how far each rank got.
+# active exception" (not reproduced in 92 runs here, 6 at a time on 2 cores). Such a run is
+# started once more; the worker's markers on stderr say how far each rank got.
 _RANK_ABORTED = "(SIGABRT)"
 
 
