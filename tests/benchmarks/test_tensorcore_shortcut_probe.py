@@ -24,4 +24,4 @@ def test_the_probe_times_cudnn_two_kernels_and_one_and_checks_them(tmp_path):
     assert all(row["layer"] == "layer4.0.conv3" and row["shortcut_layer"] == "layer4.0.downsample.0" for row in rows)
     assert rows[2]["shortcut_stride"] == 2 and rows[2]["units"] > rows[1]["units"]  # conv3's units and the shortcut's
     assert all(row["rel_err"] < 2e-3 for row in rows)
-    assert "layer4.0: cuDNN" in done.stdout and "over two" in done.stdout
+    assert "layer4.0: cuDNN" in done.stdout and "over two" in done.stdout and "one kernel per block saves" in done.stdout
