@@ -242,28 +242,49 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 linears, batch_inner, layout_ms = recorded.linears, recorded.batch_inner, recorded.layout_ms
                 output = run()
             else:
-                with clock.bar("linears", unit="timing") as bar:
-                    linears, linear_output = tune_linears(model, cast_inputs(inputs, policy.dtype),
-                                                          TickingTimer(timer, bar))
-                if linears:  # the error is then taken on the chosen splits, not the conv pass's F.linear
-                    output = linear_output
-                with clock.bar("layouts", unit="timing") as bar:
-                    batch_inner, layout_ms = keep_batch_inner_outputs(model, run, tuned,
-                                                                      TickingTimer(whole_model, bar))
-                with clock.bar("model as given", unit="timing") as bar:
-                    given_ms = (given.time(model, layers, TickingTimer(whole_model, bar), run)
-                                if device.type in GIVEN_CHECK_DEVICES else None)
-                with clock.bar("model check", unit="timing") as bar:
-                    check = check_against_dense(run, tuned, tuning.results, device.type,
-                                                TickingTimer(whole_model, bar))
-                    if given_ms is not None:
-                        check = check_against_given(check, given_ms, lambda: given.restore(model, layers))
+                whole = _WholeModel(model, run, tuned, tuning.results, device.type, timer, whole_model, clock)
+                check, linears, batch_inner, layout_ms, linear_output = whole.decide(
+                    cast_inputs(inputs, policy.dtype), given, layers)
+                output = output if linear_output is None else linear_output
                 model_decision.record(cache, key, check, tuned, tuning.results, linears, batch_inner, layout_ms)
     kept_batch_inner = [] if check.kept == "given" else [name for name in batch_inner if is_batch_inner(tuned[name])]
     return TuneReport(results, policy.name, _max_rel_error(output, reference), unreached,
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
                       kept_batch_inner, layout_ms, run_mode, linears, policy.describe)
+
+
+@dataclasses.dataclass
+class _WholeModel:
+    """The whole-model phases after the layers are tuned, each timing `run()` (the model)."""
+
+    model: nn.Module
+    run: Callable[[], object]
+    tuned: Dict[str, SparseConv2d]
+    results: Dict[str, Any]
+    device_type: str
+    timer: Timer
+    whole_model: Timer
+    clock: PhaseClock
+
+    def decide(self, inputs: tuple, given: "_GivenModel", layers: Dict[str, nn.Module]):
+        """(check, linears, batch-inner layers, layout ms, output of the linears' pass or None):
+        the linears' splits, the output layouts, the model as given (where GIVEN_CHECK_DEVICES
+        holds), then the model against dense and as given; the model is left as the check kept it."""
+        with self.clock.bar("linears", unit="timing") as bar:
+            linears, output = tune_linears(self.model, inputs, TickingTimer(self.timer, bar))
+        with self.clock.bar("layouts", unit="timing") as bar:
+            batch_inner, layout_ms = keep_batch_inner_outputs(self.model, self.run, self.tuned,
+                                                              TickingTimer(self.whole_model, bar))
+        with self.clock.bar("model as given", unit="timing") as bar:
+            given_ms = (given.time(self.model, layers, TickingTimer(self.whole_model, bar), self.run)
+                        if self.device_type in GIVEN_CHECK_DEVICES else None)
+        with self.clock.bar("model check", unit="timing") as bar:
+            check = check_against_dense(self.run, self.tuned, self.results, self.device_type,
+                                        TickingTimer(self.whole_model, bar))
+            if given_ms is not None:
+                check = check_against_given(check, given_ms, lambda: given.restore(self.model, layers))
+        return check, linears, batch_inner, layout_ms, output if linears else None
 
 
 # Where the tuned model is checked against the model as given: where its speed is the point. On the
