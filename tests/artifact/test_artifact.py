@@ -179,7 +179,7 @@ def test_linear_splits_come_back_and_a_missing_or_bad_one_is_a_clear_error(tmp_p
         model.fc1.splits = 4
         return {"fc1": {"splits": 4, "ms": 0.5, "dense_ms": 1.0}}, model(*inputs)
 
-    monkeypatch.setattr("sparsecnn.tuning.sparsify.tune_linears", split_fc1)
+    monkeypatch.setattr("sparsecnn.tuning.whole_model.tune_linears", split_fc1)
     out, tuned = _compile(tmp_path)
     manifest = read_manifest(out)
     assert manifest["linears"] == {"fc1": 4, "fc2": 1} and manifest["fuse"]["swapped_linears"] == ["fc1", "fc2"]

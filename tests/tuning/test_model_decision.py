@@ -14,6 +14,7 @@ from sparsecnn.core.reference import relative_error
 from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.tuning import model_decision
 from sparsecnn.tuning import sparsify as sparsify_module
+from sparsecnn.tuning import whole_model
 from sparsecnn.tuning.model_decision import ModelDecision
 from sparsecnn.tuning.sparsify import autotune_model
 
@@ -52,7 +53,7 @@ def _tune(model, x, cache_dir, ms, **kwargs):
 
 @pytest.fixture
 def given_checked(monkeypatch):
-    monkeypatch.setattr(sparsify_module, "GIVEN_CHECK_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(whole_model, "GIVEN_CHECK_DEVICES", ("cuda", "cpu"))
 
 
 @pytest.mark.parametrize("ms, kept, running", [

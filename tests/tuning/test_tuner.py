@@ -37,6 +37,7 @@ from sparsecnn.tuning.cache import CachedDecision
 from sparsecnn.tuning.precision import uses_tf32
 from sparsecnn.tuning.select import EagerTimer, pending_candidates
 from sparsecnn.tuning import sparsify as sparsify_module
+from sparsecnn.tuning import whole_model
 from sparsecnn.tuning.precision import resolve_policy
 from sparsecnn.tuning.sparsify import autotune_model
 from sparsecnn.tuning.timing import eager_wall_ms
@@ -741,7 +742,7 @@ def test_tf32_and_fp16_policies_on_cuda(tmp_path, dtype):
 
 @pytest.mark.parametrize("given_ms, kept", [(2.0, "given"), (3.5, "tuned")])
 def test_the_model_as_given_is_put_back_when_faster(tmp_path, monkeypatch, given_ms, kept):
-    monkeypatch.setattr(sparsify_module, "GIVEN_CHECK_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(whole_model, "GIVEN_CHECK_DEVICES", ("cuda", "cpu"))
     model, x = _model(), torch.randn(2, 3, 12, 12)
     ref, given_types = model(x), [type(module) for module in model]
     seen_when_given = []

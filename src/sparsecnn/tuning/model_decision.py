@@ -80,7 +80,7 @@ def model_key(results: List[LayerResult], model: nn.Module, tuned: Dict[str, Spa
     """What a tuned model's whole-model decisions depend on, as a JSON-able dict: each tuned layer's
     path and cache key digest in call order (`LayerResult.key`), the model's structure around them,
     the inputs' shapes and dtypes, `given` (a JSON-able description of the model as given: see
-    `sparsify._GivenModel.describe`), the check's dense backend and rules, and the run mode."""
+    `whole_model.GivenModel.describe`), the check's dense backend and rules, and the run mode."""
     return json.loads(json.dumps({
         "record": RECORD_VERSION,
         "layers": [[result.name, result.key] for result in results],

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -22,25 +22,19 @@ from sparsecnn.backends import get_backend
 from sparsecnn.core.reference import relative_error
 from sparsecnn.core.workers import job_times, reset_job_times
 from sparsecnn.nn.graphed import disable_cuda_graphs, enable_cuda_graphs
-from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
 from sparsecnn.tuning.cache import TuneCache, layer_key
 from sparsecnn.tuning.fingerprint import environment_fingerprint
-from sparsecnn.tuning.phases import PhaseClock, TickingTimer
+from sparsecnn.tuning.phases import PhaseClock
 from sparsecnn.tuning.precision import PrecisionPolicy, resolve_policy, tf32_flags
 from sparsecnn.tuning.report import TuneReport
-from sparsecnn.tuning.select import (DEFAULT_DROP_RATIO, Candidate, EagerTimer, MeasuringTimer, Timer, candidates_for,
+from sparsecnn.tuning.select import (DEFAULT_DROP_RATIO, EagerTimer, MeasuringTimer, Timer, candidates_for,
                                      pending_candidates, prefetch_candidates)
-from sparsecnn.tuning.layout import (
-    is_batch_backend,
-    is_batch_inner,
-    keep_batch_inner_outputs,
-    set_tuning_layout,
-)
-from sparsecnn.tuning.linears import tune_linears
 import sparsecnn.tuning.model_decision as model_decision
-from sparsecnn.tuning.model_check import check_against_dense, check_against_given, dense_backend, model_timer
+from sparsecnn.tuning.layout import is_batch_backend, is_batch_inner, set_tuning_layout
+from sparsecnn.tuning.model_check import dense_backend, model_timer
 from sparsecnn.tuning.tuner import cached_choice, finish_deferred, tune_layer
+from sparsecnn.tuning.whole_model import GivenModel, WholeModel, replace_module
 
 FilterFn = Callable[[str, nn.Module], bool]
 _LOG = logging.getLogger("sparsecnn.tuning")
@@ -51,11 +45,6 @@ RUN_MODES = ("graph", "eager")
 def _selected(model: nn.Module, filter_fn: Optional[FilterFn]) -> List[Tuple[str, nn.Module]]:
     return [(name, module) for name, module in model.named_modules()
             if isinstance(module, _CONV_TYPES) and (filter_fn is None or filter_fn(name, module))]
-
-
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
 def as_tuple(example_inputs) -> tuple:
@@ -151,7 +140,7 @@ def sparsify_(model: nn.Module, example_inputs=None, backend: str = "auto",
         if layer is module:
             layer.set_backend(backend, None)
         else:
-            _replace(model, name, layer)
+            replace_module(model, name, layer)
     return _graphed(model, cuda_graphs)
 
 
@@ -212,12 +201,12 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                                                                   originals)
             bar.update(1)
         model.to(policy.dtype)
-        given = _GivenModel(model, originals)
+        given = GivenModel(model, originals)
         with torch.no_grad(), tf32_flags(policy.dense_tf32):
             layers = {name: _sparse_layer(name, module, "dense", None) for name, module in originals.items()}
             for name, layer in layers.items():
                 if layer is not originals[name]:
-                    _replace(model, name, layer)
+                    replace_module(model, name, layer)
             with clock.bar("prefetch", total=len(layers), unit="layer") as bar:
                 _prefetch(layers, input_shapes, masks or {}, policy, device.type, backends,
                           None if retune else cache, run_mode, bar)
@@ -229,7 +218,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
         unreached = [name for name in layers if name not in tuning.results]
         for name in unreached:
             if layers[name] is not originals[name]:
-                _replace(model, name, originals[name])
+                replace_module(model, name, originals[name])
         _log_notes(tuning.results.values())
         tuned = {name: layers[name] for name in tuning.results}
         results = list(tuning.results.values())
@@ -242,7 +231,7 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 linears, batch_inner, layout_ms = recorded.linears, recorded.batch_inner, recorded.layout_ms
                 output = run()
             else:
-                whole = _WholeModel(model, run, tuned, tuning.results, device.type, timer, whole_model, clock)
+                whole = WholeModel(model, run, tuned, tuning.results, device.type, timer, whole_model, clock)
                 check, linears, batch_inner, layout_ms, linear_output = whole.decide(
                     cast_inputs(inputs, policy.dtype), given, layers)
                 output = output if linear_output is None else linear_output
@@ -252,94 +241,6 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
                       kept_batch_inner, layout_ms, run_mode, linears, policy.describe)
-
-
-@dataclasses.dataclass
-class _WholeModel:
-    """The whole-model phases after the layers are tuned, each timing `run()` (the model)."""
-
-    model: nn.Module
-    run: Callable[[], object]
-    tuned: Dict[str, SparseConv2d]
-    results: Dict[str, Any]
-    device_type: str
-    timer: Timer
-    whole_model: Timer
-    clock: PhaseClock
-
-    def decide(self, inputs: tuple, given: "_GivenModel", layers: Dict[str, nn.Module]):
-        """(check, linears, batch-inner layers, layout ms, output of the linears' pass or None):
-        the linears' splits, the output layouts, the model as given (where GIVEN_CHECK_DEVICES
-        holds), then the model against dense and as given; the model is left as the check kept it."""
-        with self.clock.bar("linears", unit="timing") as bar:
-            linears, output = tune_linears(self.model, inputs, TickingTimer(self.timer, bar))
-        with self.clock.bar("layouts", unit="timing") as bar:
-            batch_inner, layout_ms = keep_batch_inner_outputs(self.model, self.run, self.tuned,
-                                                              TickingTimer(self.whole_model, bar))
-        with self.clock.bar("model as given", unit="timing") as bar:
-            given_ms = (given.time(self.model, layers, TickingTimer(self.whole_model, bar), self.run)
-                        if self.device_type in GIVEN_CHECK_DEVICES else None)
-        with self.clock.bar("model check", unit="timing") as bar:
-            check = check_against_dense(self.run, self.tuned, self.results, self.device_type,
-                                        TickingTimer(self.whole_model, bar))
-            if given_ms is not None:
-                check = check_against_given(check, given_ms, lambda: given.restore(self.model, layers))
-        return check, linears, batch_inner, layout_ms, output if linears else None
-
-
-# Where the tuned model is checked against the model as given: where its speed is the point. On the
-# CPU, where sparsecnn makes no speed claims, timing noise would put models back for nothing.
-GIVEN_CHECK_DEVICES = ("cuda",)
-
-
-class _GivenModel:
-    """What `autotune_model` changes in a model, as it was given: its selected convs (modules, or the
-    backend state of those already `SparseConv2d`) and its `SplitKLinear` splits."""
-
-    def __init__(self, model: nn.Module, originals: Dict[str, nn.Module]):
-        self.originals = originals
-        self.states = {name: module.backend_state() for name, module in originals.items()
-                       if isinstance(module, SparseConv2d)}
-        self.splits = {name: module.splits for name, module in model.named_modules() if isinstance(module, SplitKLinear)}
-
-    def restore(self, model: nn.Module, layers: Dict[str, nn.Module]) -> None:
-        """Put every selected conv and linear split back as given (the layers `autotune_model` made
-        are `layers`)."""
-        for name, original in self.originals.items():
-            if layers.get(name, original) is not original:
-                _replace(model, name, original)
-            elif name in self.states:
-                original.restore_backend(self.states[name])
-        for name, module in model.named_modules():
-            if name in self.splits:
-                module.splits = self.splits[name]
-
-    def describe(self) -> List[Any]:
-        """The model as given, JSON-able, for `model_decision.model_key`: each selected conv's path and
-        type (with backend and config where it is a `SparseConv2d`), and the linears' splits."""
-        convs = [[name, type(module).__qualname__] + ([self.states[name][0], repr(self.states[name][1])]
-                                                      if name in self.states else [])
-                 for name, module in self.originals.items()]
-        return [convs, sorted(self.splits.items())]
-
-    def time(self, model: nn.Module, layers: Dict[str, nn.Module], timer: Timer, run: Callable[[], object]) -> float:
-        """The whole model's time as given, by `timer` on `run()`: the given convs and splits put back
-        for the timing, then the model as it was (tuned or not) again."""
-        current = {name: model.get_submodule(name) for name in self.originals}
-        states = {name: module.backend_state() for name, module in current.items() if isinstance(module, SparseConv2d)}
-        splits = {name: module.splits for name, module in model.named_modules() if isinstance(module, SplitKLinear)}
-        self.restore(model, layers)
-        try:
-            return timer.measure(Candidate("model:given"), run)
-        finally:
-            for name, module in current.items():
-                if model.get_submodule(name) is not module:
-                    _replace(model, name, module)
-                if name in states:
-                    module.restore_backend(states[name])
-            for name, module in model.named_modules():
-                if name in splits:
-                    module.splits = splits[name]
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):
