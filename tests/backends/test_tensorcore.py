@@ -405,6 +405,22 @@ def test_op_passes_opcheck():
     torch.library.opcheck(torch.ops.sparsecnn.tensorcore_conv2d.default, args)
 
 
+@needs_interpreter
+def test_shortcut_op_passes_opcheck():
+    backend = get_backend("tensorcore")
+    spec = ConvSpec(2, 16, 16, 5, 6, 1, 1)
+    config = TensorCoreConfig(group=16, chunk=16, block_m=32, order="index")
+    packed = backend.prepare_shortcut(unit_weight(16, 16, 1, 1, 16, 16), unit_weight(16, 8, 1, 1, 16, 16), config)
+    call = backend.bind_shortcut(packed, spec, config, torch.float32, True, (2, 2))
+    x, bias, shortcut = inputs((2, 16, 5, 6)), torch.randn(16), inputs((2, 8, 9, 11), seed=2)
+    args = (x, *call.tensors, bias, shortcut, *call.static, True)
+    torch.library.opcheck(torch.ops.sparsecnn.tensorcore_shortcut_conv2d.default, args)
+    assert backend.prepare_shortcut(unit_weight(16, 24, 1, 1, 16, 16), unit_weight(16, 8, 1, 1, 16, 16),
+                                    config) is None  # C = 24 is not a multiple of the chunk
+    assert backend.prepare_shortcut(unit_weight(16, 16, 1, 1, 16, 16), unit_weight(16, 8, 1, 1, 16, 16),
+                                    dataclasses.replace(config, order="support")) is None
+
+
 # --- GPU ------------------------------------------------------------------------------------------
 
 GPU_MODES = [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.float16, "ieee"), (torch.bfloat16, "ieee")]

@@ -138,19 +138,20 @@ def test_the_model_entry_names_every_layer_key(tmp_path):
 def test_apply_sets_the_recorded_linear_splits():
     model = nn.Sequential(nn.Flatten(), SplitKLinear(64, 10))
     decision = ModelDecision({}, [], {"1": {"splits": 4, "ms": 1.0, "dense_ms": 2.0}}, [], {})
-    check = dict(tuned_ms=1.0, dense_ms=2.0, dense_backend="dense", kept="tuned", tuned_eager_ms=None,
-                 dense_eager_ms=None, switched=[], final_ms=1.0, given_ms=None)
-    decision = ModelDecision(check, *list(vars(decision).values())[1:])
+    decision = ModelDecision(dict(CHECK), *list(vars(decision).values())[1:])
     assert model_decision.apply(decision, model, {}, lambda: None).cached
     assert model[1].splits == 4
+
+
+CHECK = {"tuned_ms": 1.0, "dense_ms": 2.0, "dense_backend": "dense", "kept": "tuned", "tuned_eager_ms": None,
+         "dense_eager_ms": None, "switched": [], "final_ms": 1.0, "given_ms": None, "shortcuts": []}
 
 
 @pytest.mark.parametrize("saved", [
     None, [], {"check": {}, "on_dense": [], "linears": {}, "batch_inner": []},
     {"check": {"kept": "tuned"}, "on_dense": [], "linears": {}, "batch_inner": [], "layout_ms": {}},
-    {"check": {"tuned_ms": 1.0, "dense_ms": 2.0, "dense_backend": "dense", "kept": "faster", "tuned_eager_ms": None,
-               "dense_eager_ms": None, "switched": [], "final_ms": 1.0, "given_ms": None},
-     "on_dense": [], "linears": {}, "batch_inner": [], "layout_ms": {}},
+    {"check": {**CHECK, "kept": "faster"}, "on_dense": [], "linears": {}, "batch_inner": [], "layout_ms": {}},
+    {"check": {**CHECK, "shortcuts": [["a"]]}, "on_dense": [], "linears": {}, "batch_inner": [], "layout_ms": {}},
 ])
 def test_a_malformed_decision_is_refused(saved):
     with pytest.raises(ValueError, match="model decision"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import math
 import pickle
 import shutil
@@ -47,6 +48,7 @@ from sparsecnn.backends import config_to_dict
 from sparsecnn.models import build_model
 from sparsecnn.nn import SparseConv2d, SplitKLinear
 from sparsecnn.passes.fuse import prepare_for_inference
+from sparsecnn.passes.shortcut import unfold_shortcut
 from sparsecnn.prune import load_pruned
 from sparsecnn.tuning import LayerResult, Timer, environment_fingerprint
 from sparsecnn.tuning.sparsify import autotune_model
@@ -54,6 +56,8 @@ from sparsecnn.tuning.sparsify import autotune_model
 SPEC_FIELDS = ("N", "C", "K", "H", "W", "R", "S", "stride", "padding", "dilation", "groups")
 PACKED_PREFIX = "packed/"  # tensor names of packed weights; state-dict keys never hold a "/"
 _PRUNED_FORMAT = "sparsecnn-pruned"
+
+_LOG = logging.getLogger("sparsecnn.artifact")
 
 
 def _finite(value: Optional[float]) -> Optional[float]:
@@ -179,6 +183,17 @@ def _write(gm: fx.GraphModule, directory: Path, header: dict, device: torch.devi
         "layers": entries, "linears": linears, "weights": weights, "files": list_files(directory)})
 
 
+def _unfold_shortcuts(gm: fx.GraphModule) -> None:
+    """Put the projection shortcuts tuning folded (`passes.shortcut`) back as convs of their own:
+    an artefact does not record folds yet, so the model it holds runs them as two kernels."""
+    check = gm.sparsecnn_report.model_check
+    for name, shortcut_name in (check.shortcuts if check is not None else []):
+        unfold_shortcut(gm, name, shortcut_name)
+    if check is not None and check.shortcuts:
+        _LOG.warning("the artefact runs %d projection shortcuts as convs of their own (tuning had folded "
+                     "them into %s)", len(check.shortcuts), ", ".join(name for name, _ in check.shortcuts))
+
+
 def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence[int] = (), dtype: str = "fp32",
                   backends: Optional[List[str]] = None, out_dir=None, *, model_name: Optional[str] = None,
                   num_classes: Optional[int] = None, device=None, cache_dir=None, retune: bool = False,
@@ -216,6 +231,7 @@ def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence
     gm = prepare_for_inference(module, masks, example_inputs=example[:1])
     gm.sparsecnn_report = autotune_model(gm, example, backends=backends, dtype=dtype, cache_dir=cache_dir,
                                          retune=retune, progress=progress, timer=timer, run_mode=run_mode)
+    _unfold_shortcuts(gm)
     header = {"format": FORMAT, "version": VERSION, "sparsecnn": __version__,
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "model": {"name": name, "num_classes": num_classes, "input_shape": shape},

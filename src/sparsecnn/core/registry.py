@@ -117,6 +117,11 @@ class Backend:
     machine_check(), optional: None when this machine has what the backend needs besides a device
     of its type (a compiler, a kernel loader), else why not; the tuner then leaves the backend out
     and says so once (`tuning.select.candidates_for`).
+    prepare_shortcut(weight, shortcut_weight, config) and bind_shortcut(packed, spec, config, dtype,
+    has_bias, shortcut_stride), optional: the packed form of a conv with a 1x1 projection shortcut
+    of (K, C2, 1, 1) `shortcut_weight` folded into its reduction (None where this config cannot),
+    and its `KernelCall`, which takes the shortcut's input in the residual's place:
+    act(conv(x) + bias + conv(shortcut_input, shortcut_weight, shortcut_stride)).
     """
 
     name: str
@@ -139,6 +144,8 @@ class Backend:
     compile_kernels: Optional[Callable[..., None]] = None
     machine_check: Optional[Callable[[], Optional[str]]] = None
     channels_last: bool = False
+    prepare_shortcut: Optional[Callable[[torch.Tensor, torch.Tensor, Any], Any]] = None
+    bind_shortcut: Optional[Callable[..., KernelCall]] = None
 
     def bind_for(self, packed: Any, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
                  relu_only: bool = False) -> KernelCall:

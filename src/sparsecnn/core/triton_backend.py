@@ -63,10 +63,12 @@ def op_static_args(packed, spec: ConvSpec, config: Any) -> tuple:
 
 def register_triton_backend(name: str, description: str, kernels: Callable[[], ModuleType], config_class: str,
                             prepare, bind, prefetch=None, auto_configs=None, weight_configs=None,
-                            batch_inner: Callable[[Any], bool] = not_batch_inner, channels_last: bool = False) -> Backend:
+                            batch_inner: Callable[[Any], bool] = not_batch_inner, channels_last: bool = False,
+                            prepare_shortcut=None, bind_shortcut=None) -> Backend:
     """Register a Triton backend whose kernel module (imported lazily by `kernels()`) provides
     `candidate_configs(spec, dtype)` and the config dataclass named `config_class`; prefetch,
-    auto_configs, weight_configs, batch_inner and channels_last: see `Backend`."""
+    auto_configs, weight_configs, batch_inner, channels_last, prepare_shortcut and bind_shortcut:
+    see `Backend`."""
     return register_backend(Backend(
         name=name,
         description=description,
@@ -82,4 +84,6 @@ def register_triton_backend(name: str, description: str, kernels: Callable[[], M
         weight_configs=weight_configs,
         batch_inner=batch_inner,
         channels_last=channels_last,
+        prepare_shortcut=prepare_shortcut,
+        bind_shortcut=bind_shortcut,
     ))

@@ -15,6 +15,7 @@ from sparsecnn.core.checks import check_residual
 from sparsecnn.core.pool_args import PoolArgs
 from sparsecnn.core.registry import KernelCall, apply_epilogue_
 from sparsecnn.core.spec import ConvSpec
+from sparsecnn.nn import shortcut as shortcut_fold
 from sparsecnn.nn.pool import max_pool2d
 
 ACTIVATIONS = ("none", "relu")
@@ -79,6 +80,7 @@ class SparseConv2d(nn.Module):
         self.activation = activation
         self.takes_residual = False
         self.pool: Optional[PoolArgs] = None
+        self.shortcut: Optional[SparseConv2d] = None  # a folded 1x1 projection shortcut (`nn.shortcut`)
         self.set_backend(backend, config)
 
     def set_backend(self, backend: str, config: Any) -> None:
@@ -88,6 +90,7 @@ class SparseConv2d(nn.Module):
         self._packed = None
         self._packed_key = None
         self._bindings: Dict[Tuple, _Binding] = {}  # binding key -> binding, least recently used first
+        self.shortcut_binding: Optional[shortcut_fold.ShortcutBinding] = None
 
     @property
     def _binding(self) -> Optional["_Binding"]:
@@ -279,10 +282,23 @@ class SparseConv2d(nn.Module):
             self._bind(example_input, self.takes_residual)
         return self
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None,
+                shortcut_input: Optional[torch.Tensor] = None) -> torch.Tensor:
         """act(conv(x) + bias + residual), then max-pooled when `pool` is set: x (N, C, H, W) or
         (N, C, L); residual None (always, with a pool) or a tensor of the conv output's shape, dtype
-        and device; act per `activation`."""
+        and device; act per `activation`. With a folded `shortcut` (`passes.shortcut`):
+        act(conv(x) + bias + shortcut(shortcut_input)) instead, and no residual."""
+        if self.shortcut is not None:
+            if residual is not None:
+                raise ValueError("this layer has a folded shortcut: it takes shortcut_input=, not a residual")
+            self._check_input(x)
+            return shortcut_fold.forward(self, x, shortcut_input)
+        if shortcut_input is not None:
+            raise ValueError("shortcut_input= is for a layer with a folded shortcut; this one has none")
+        return self.forward_plain(x, residual)
+
+    def forward_plain(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`forward` without a folded shortcut (its first two arguments)."""
         self._check_input(x)
         if residual is not None and self.pool is not None:
             raise ValueError("this layer ends in a max pool: it takes no residual")

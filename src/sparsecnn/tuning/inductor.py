@@ -47,7 +47,7 @@ def leave_to_inductor(model: nn.Module, inputs: tuple, compile_fn: Callable[[Cal
                 return
             seen.add(name)
             bar.update(1)
-            if layer.backend in ATEN_BACKENDS:
+            if layer.backend in ATEN_BACKENDS or layer.shortcut is not None:  # a folded shortcut stays ours
                 return
             residual = kwargs.get("residual", args[1] if len(args) > 1 else None)
             times[name] = _compare(name, layer, args[0], residual, compile_fn, timer)

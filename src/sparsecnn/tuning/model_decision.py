@@ -20,13 +20,14 @@ from torch import fx, nn
 
 from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
+from sparsecnn.passes.shortcut import fold_shortcut
 from sparsecnn.tuning.cache import TuneCache, key_digest
 from sparsecnn.tuning.layout import set_batch_inner_outputs
 from sparsecnn.tuning.model_check import MAX_SWITCHES, MIN_GAIN
 from sparsecnn.tuning.report import LayerResult, ModelCheck
 
 # Part of every model key: a change to what the record holds or how it is applied makes old records miss.
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,9 @@ class ModelDecision:
               and all(isinstance(saved[name], list) for name in ("on_dense", "batch_inner"))
               and all(isinstance(saved[name], dict) for name in ("linears", "layout_ms"))
               and all(isinstance(linear, dict) and isinstance(linear.get("splits"), int)
-                      for linear in saved["linears"].values()))
+                      for linear in saved["linears"].values())
+              and all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(name, str) for name in pair)
+                      for pair in saved["check"]["shortcuts"]))
         if not ok:
             raise ValueError("model decision fields of the wrong type")
         return cls(**saved)
@@ -123,7 +126,7 @@ def apply(decision: ModelDecision, model: nn.Module, tuned: Dict[str, SparseConv
           restore_given: Callable[[], None]) -> ModelCheck:
     """Put `decision` back on `model`, whose `tuned` layers run their (cached) tuned choices: the
     linears' splits, the output layouts, the layers left dense, or the whole model as given
-    (`restore_given()`). Returns the recorded check, marked `cached`."""
+    (`restore_given()`), and the folded shortcuts. Returns the recorded check, marked `cached`."""
     check = ModelCheck(**decision.check, cached=True)
     for name, module in model.named_modules():
         if isinstance(module, SplitKLinear) and name in decision.linears:
@@ -133,4 +136,6 @@ def apply(decision: ModelDecision, model: nn.Module, tuned: Dict[str, SparseConv
         tuned[name].set_backend(check.dense_backend, None)
     if check.kept == "given":
         restore_given()
+    for name, shortcut_name in check.shortcuts:
+        fold_shortcut(model, name, shortcut_name)
     return check

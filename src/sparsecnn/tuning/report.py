@@ -60,8 +60,10 @@ class ModelCheck:
     for a kept tuned model, the tuned choice for a kept dense one) because the whole model got
     faster, to `final_ms` (`tuning.model_check`). On CUDA also in eager mode (`tuned_eager_ms`,
     `dense_eager_ms`: wall ms per call of back-to-back calls, the CPU's launch costs included, which
-    CUDA graphs hide; None elsewhere). `cached`: decided by an earlier tuning of the same model and
-    layers, put back from the cache without timing (`model_decision`)."""
+    CUDA graphs hide; None elsewhere). `shortcuts`: the (conv, shortcut conv) pairs folded into one
+    layer last (`passes.shortcut`), each because the whole model got faster, to `final_ms`.
+    `cached`: decided by an earlier tuning of the same model and layers, put back from the cache
+    without timing (`model_decision`)."""
 
     tuned_ms: float
     dense_ms: float
@@ -72,6 +74,7 @@ class ModelCheck:
     switched: List[str] = dataclasses.field(default_factory=list)
     final_ms: Optional[float] = None
     given_ms: Optional[float] = None
+    shortcuts: List[List[str]] = dataclasses.field(default_factory=list)
     cached: bool = False
 
     @property
@@ -108,6 +111,8 @@ class ModelCheck:
             text += f"; the model as given took {self.given_ms:.4f} ms, faster: it is kept as given"
         elif self.given_ms is not None:
             text += f"; {self.speedup_over_given:.2f}x faster than the model as given ({self.given_ms:.4f} ms)"
+        if self.shortcuts:
+            text += f"; {len(self.shortcuts)} projection shortcuts folded into their convs: {self.final_ms:.4f} ms"
         if self.cached:
             text += " (decided by an earlier tuning of this model, from the cache: nothing timed now)"
         return text

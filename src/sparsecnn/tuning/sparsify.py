@@ -231,7 +231,8 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 linears, batch_inner, layout_ms = recorded.linears, recorded.batch_inner, recorded.layout_ms
                 output = run()
             else:
-                whole = WholeModel(model, run, tuned, tuning.results, device.type, timer, whole_model, clock)
+                whole = WholeModel(model, run, tuned, tuning.results, device.type, timer, whole_model, clock,
+                                   lambda out: _max_rel_error(out, reference) or 0.0)
                 check, linears, batch_inner, layout_ms, linear_output = whole.decide(
                     cast_inputs(inputs, policy.dtype), given, layers)
                 output = output if linear_output is None else linear_output

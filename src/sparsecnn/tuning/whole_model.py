@@ -3,17 +3,25 @@ the phases that time the tuned model as a whole (`WholeModel.decide`)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from typing import Any, Callable, Dict, List
 
-from torch import nn
+from torch import fx, nn
 
+from sparsecnn.backends import get_backend
 from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
 from sparsecnn.tuning.layout import keep_batch_inner_outputs
 from sparsecnn.tuning.linears import tune_linears
-from sparsecnn.tuning.model_check import check_against_dense, check_against_given
+from sparsecnn.passes.shortcut import fold_shortcut, shortcut_pairs, unfold_shortcut
+from sparsecnn.tuning.model_check import MIN_GAIN, check_against_dense, check_against_given
+from sparsecnn.tuning.report import ModelCheck
 from sparsecnn.tuning.phases import PhaseClock, TickingTimer
 from sparsecnn.tuning.select import Candidate, Timer
+
+
+_LOG = logging.getLogger("sparsecnn.tuning")
 
 
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -34,6 +42,7 @@ class WholeModel:
     timer: Timer
     whole_model: Timer
     clock: PhaseClock
+    error_of: Callable[[Any], float]  # a model output's relative error against the reference pass
 
     def decide(self, inputs: tuple, given: "GivenModel", layers: Dict[str, nn.Module]):
         """(check, linears, batch-inner layers, layout ms, output of the linears' pass or None):
@@ -52,7 +61,36 @@ class WholeModel:
                                         TickingTimer(self.whole_model, bar))
             if given_ms is not None:
                 check = check_against_given(check, given_ms, lambda: given.restore(self.model, layers))
+            check = fold_shortcuts(self.model, self.run, TickingTimer(self.whole_model, bar), check, self.error_of)
         return check, linears, batch_inner, layout_ms, output if linears else None
+
+
+def fold_shortcuts(model: nn.Module, run: Callable[[], object], timer: Timer, check: ModelCheck,
+                   error_of: Callable[[Any], float]) -> ModelCheck:
+    """Fold each projection shortcut (`passes.shortcut.shortcut_pairs`) whose conv runs a backend
+    that can run it folded (`Backend.bind_shortcut`), one at a time; keep a fold where `run()`, the
+    whole model, gets `MIN_GAIN` faster than the best so far and its output's error (`error_of`) stays
+    within twice the unfolded model's. A fold that fails or errs is undone and said once. Returns
+    `check` with the folds kept and the model's time after them (unchanged when none was kept, or
+    the model is kept as given)."""
+    if not isinstance(model, fx.GraphModule) or check.kept == "given":
+        return check
+    best, folded = check.best_ms, []
+    pairs = [pair for pair in shortcut_pairs(model)
+             if get_backend(model.get_submodule(pair[0]).backend).bind_shortcut is not None]
+    limit = 2 * error_of(run()) + 1e-5 if pairs else 0.0
+    for name, shortcut_name in pairs:
+        fold_shortcut(model, name, shortcut_name)
+        ms = _fold_ms(model, run, timer, name, shortcut_name, error_of, limit)
+        if ms < best * (1 - MIN_GAIN):
+            best = ms
+            folded.append([name, shortcut_name])
+        else:
+            unfold_shortcut(model, name, shortcut_name)
+    if folded:
+        _LOG.info("folded %d projection shortcuts into their convs (%s): model %.4g ms", len(folded),
+                  ", ".join(name for name, _ in folded), best)
+    return dataclasses.replace(check, shortcuts=folded, final_ms=best) if folded else check
 
 
 # Where the tuned model is checked against the model as given: where its speed is the point. On the
@@ -108,3 +146,24 @@ class GivenModel:
             for name, module in model.named_modules():
                 if name in splits:
                     module.splits = splits[name]
+
+
+def _fold_ms(model: nn.Module, run: Callable[[], object], timer: Timer, name: str, shortcut_name: str,
+             error_of: Callable[[Any], float], limit: float) -> float:
+    """The whole model's time with `shortcut_name` folded into `name`; inf when the layer's config
+    cannot run it as one kernel, and (with a warning) when the folded model fails or its output's
+    error is over `limit`."""
+    try:
+        error = error_of(run())
+        binding = model.get_submodule(name).shortcut_binding
+        if binding is None or binding.call is None:  # this config cannot fold (`Backend.prepare_shortcut`)
+            return math.inf
+        if error > limit:
+            _LOG.warning("folding %s into %s gave an error of %.3g against the reference, over %.3g: left as two "
+                         "convs", shortcut_name, name, error, limit)
+            return math.inf
+        return timer.measure(Candidate(f"model:fold {name}"), run)
+    except Exception as failure:  # noqa: BLE001  (an optional fold must never break tuning)
+        _LOG.warning("folding %s into %s failed, left as two convs: %s: %s", shortcut_name, name,
+                     type(failure).__name__, failure)
+        return math.inf

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from sparsecnn.backends.tensorcore import op
-from sparsecnn.backends.tensorcore.format import UnitWeights, pack_units
+from sparsecnn.backends.tensorcore.format import UnitWeights, pack_shortcut_units, pack_units
 from sparsecnn.core.op_support import config_json
 from sparsecnn.core.registry import KernelCall
 from sparsecnn.core.spec import ConvSpec
@@ -50,10 +50,35 @@ def _bind(packed: UnitWeights, spec: ConvSpec, config: Any, dtype: torch.dtype, 
                       eager=op.tensorcore_conv2d_eager)
 
 
+def _prepare_shortcut(weight: torch.Tensor, shortcut_weight: torch.Tensor, config: Any):
+    """`format.pack_shortcut_units` for the config's (group, chunk), or None where the config's
+    packing cannot hold a shortcut: support order (its channel map), or C not a multiple of chunk."""
+    if config is None:
+        config = _kernels().TensorCoreConfig()
+    if config.order != "index" or weight.shape[1] % config.chunk:
+        return None
+    return pack_shortcut_units(weight, shortcut_weight, config.group, config.chunk)
+
+
+def _bind_shortcut(packed: UnitWeights, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool,
+                   shortcut_stride) -> KernelCall:
+    """The op `sparsecnn::tensorcore_shortcut_conv2d` on a `_prepare_shortcut` packing; its call
+    takes the shortcut's input where other calls take a residual."""
+    if config is None:
+        config = _kernels().TensorCoreConfig(group=packed.group, chunk=packed.chunk)
+    tensors = (packed.values.to(dtype), packed.unit_tap, packed.unit_chunk, packed.unit_code, packed.group_start,
+               packed.out_channel, packed.group_split)
+    static = (list(packed.kernel_shape), list(spec.stride), list(spec.padding), packed.shortcut_channels,
+              list(shortcut_stride), packed.max_units, config_json(config))
+    return KernelCall(torch.ops.sparsecnn.tensorcore_shortcut_conv2d.default, tensors, static,
+                      eager=op.tensorcore_shortcut_conv2d_eager)
+
+
 TENSORCORE = register_triton_backend(
     "tensorcore",
     "implicit GEMM on tensor cores over each output-channel group's kept units (runs of input channels at one "
     "tap), NHWC, Triton",
     _kernels, "TensorCoreConfig", _prepare, _bind,
     auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype),
-    weight_configs=lambda weight, configs: _kernels().least_work_configs(weight, configs), channels_last=True)
+    weight_configs=lambda weight, configs: _kernels().least_work_configs(weight, configs), channels_last=True,
+    prepare_shortcut=_prepare_shortcut, bind_shortcut=_bind_shortcut)
