@@ -203,7 +203,7 @@ def test_bound_weights_are_marked_static_as_dynamo_marks_them():
     # SparseConv2d marks CUDA weights itself until torch._dynamo is imported (1-5 s to import)
     import torch._dynamo
 
-    from sparsecnn.nn.sparse_conv import STATIC_INPUT_TYPE
+    from sparsecnn.nn.static import STATIC_INPUT_TYPE
 
     marked = torch.zeros(2)
     torch._dynamo.mark_static_address(marked)

@@ -16,6 +16,7 @@ import torch
 
 from sparsecnn.backends import get_backend
 from sparsecnn.core.registry import KernelCall
+from sparsecnn.nn.static import mark_static
 
 
 def fold_blocker(layer, shortcut) -> Optional[str]:
@@ -79,7 +80,10 @@ def _bind(layer, x: torch.Tensor, x2: torch.Tensor) -> ShortcutBinding:
         if packed is not None:
             call = backend.bind_shortcut(packed, spec, layer.config, x.dtype, _summed_bias(layer) is not None,
                                          layer.shortcut.stride)
-    layer.shortcut_binding = ShortcutBinding(static, key, call, _summed_bias(layer))
+    bias = _summed_bias(layer)
+    if call is not None:
+        mark_static((*call.tensors, bias))
+    layer.shortcut_binding = ShortcutBinding(static, key, call, bias)
     return layer.shortcut_binding
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
@@ -17,12 +16,12 @@ from sparsecnn.core.registry import KernelCall, apply_epilogue_
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.nn import shortcut as shortcut_fold
 from sparsecnn.nn.pool import max_pool2d
+from sparsecnn.nn.static import mark_static
 
 ACTIVATIONS = ("none", "relu")
 # Input signatures (e.g. batch sizes) a layer keeps bound at once, the least recently used dropped: enough
 # for a model compiled at a few shapes to find every one bound, as torch.compile needs (see forward).
 MAX_BINDINGS = 8
-STATIC_INPUT_TYPE = "unguarded"  # what torch._dynamo.mark_static_address(t) sets as t._dynamo_static_input_type
 
 
 def _pair(value, conv_dims: int, height_value: int) -> Tuple[int, int]:
@@ -242,7 +241,7 @@ class SparseConv2d(nn.Module):
                 pooled = call is not None
             if call is None:
                 call = backend.bind_for(packed, spec, self.config, x.dtype, self.bias is not None, relu_only=key[-1])
-            _mark_static(call.tensors)
+            mark_static(call.tensors)
         output_shape = spec.output_shape if self.conv_dims == 2 else (spec.N, spec.K, spec.Q)
         return self._remember(_Binding(key, spec, reason, packed, call, output_shape, pooled))
 
@@ -372,18 +371,3 @@ class _Binding:
     call: Optional[KernelCall]
     output_shape: Tuple[int, ...]
     pooled: bool = False
-
-
-def _mark_static(tensors) -> None:
-    """Tell torch.compile's CUDA graphs that the bound weight tensors keep their addresses (they
-    would be copied into the graph's own buffers on every replay otherwise).
-
-    Sets what `torch._dynamo.mark_static_address(t)` sets when dynamo is not imported yet:
-    importing it is slow, most of the cost of loading an artefact (a test checks the two agree)."""
-    dynamo = sys.modules.get("torch._dynamo")
-    for tensor in tensors:
-        if tensor is not None and tensor.is_cuda:
-            if dynamo is not None:
-                dynamo.mark_static_address(tensor)
-            else:
-                tensor._dynamo_static_input_type = STATIC_INPUT_TYPE
