@@ -47,12 +47,15 @@ class ShortcutBinding:
     bias: Optional[torch.Tensor]
 
 
-def _keys(layer, x: torch.Tensor, x2: torch.Tensor) -> Tuple[Tuple, Tuple]:
+def _static_key(layer, x: torch.Tensor, x2: torch.Tensor) -> Tuple:
+    return layer.backend, layer.config, tuple(x.shape), tuple(x2.shape), x.dtype, x.device
+
+
+def _versions(layer) -> Tuple[int, ...]:
+    """The in-place edit counters of both layers' weights, masks and biases (eager only)."""
     shortcut = layer.shortcut
-    static = (layer.backend, layer.config, tuple(x.shape), tuple(x2.shape), x.dtype, x.device)
-    versions = tuple(t._version for t in (layer.weight, layer.mask, shortcut.weight, shortcut.mask,
-                                           layer.bias, shortcut.bias) if t is not None)
-    return static, static + versions
+    return tuple(t._version for t in (layer.weight, layer.mask, shortcut.weight, shortcut.mask, layer.bias,
+                                      shortcut.bias) if t is not None)
 
 
 def _summed_bias(layer) -> Optional[torch.Tensor]:
@@ -63,7 +66,8 @@ def _summed_bias(layer) -> Optional[torch.Tensor]:
 
 def _bind(layer, x: torch.Tensor, x2: torch.Tensor) -> ShortcutBinding:
     """Pack and bind the folded kernel for inputs like (x, x2) where the layer's backend can."""
-    static, key = _keys(layer, x, x2)
+    static = _static_key(layer, x, x2)
+    key = static + _versions(layer)
     old = layer.shortcut_binding
     if old is not None and old.key == key:
         return old
@@ -92,9 +96,8 @@ def current_binding(layer, x: torch.Tensor, x2: torch.Tensor) -> ShortcutBinding
     matches, else bound outside the graph (one graph break)."""
     if not torch.compiler.is_compiling():
         return _bind(layer, x, x2)
-    static, _ = _keys(layer, x, x2)
     kept = layer.shortcut_binding
-    if kept is not None and kept.static_key == static:
+    if kept is not None and kept.static_key == _static_key(layer, x, x2):
         return kept
     return torch.compiler.disable(_bind)(layer, x, x2)
 
