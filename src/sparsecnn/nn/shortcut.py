@@ -59,9 +59,11 @@ def _versions(layer) -> Tuple[int, ...]:
 
 
 def _summed_bias(layer) -> Optional[torch.Tensor]:
+    """The layer's bias plus its shortcut's (summed in fp32, then cast back), the one there is, or None."""
     biases = [b.detach() for b in (layer.bias, layer.shortcut.bias) if b is not None]
-    return None if not biases else biases[0] if len(biases) == 1 else (biases[0].float() + biases[1].float()).to(
-        biases[0].dtype)
+    if len(biases) < 2:
+        return biases[0] if biases else None
+    return (biases[0].float() + biases[1].float()).to(biases[0].dtype)
 
 
 def _bind(layer, x: torch.Tensor, x2: torch.Tensor) -> ShortcutBinding:
@@ -73,7 +75,7 @@ def _bind(layer, x: torch.Tensor, x2: torch.Tensor) -> ShortcutBinding:
         return old
     backend = get_backend(layer.backend)
     spec = layer.spec_for(x)
-    call = None
+    call, bias = None, _summed_bias(layer)
     foldable = (backend.bind_shortcut is not None and spec.N > 0
                 and backend.unsupported_reason(spec, x.dtype, x.device.type) is None
                 and layer.shortcut.spec_for(x2).output_shape == spec.output_shape)
@@ -82,9 +84,7 @@ def _bind(layer, x: torch.Tensor, x2: torch.Tensor) -> ShortcutBinding:
             packed = backend.prepare_shortcut(layer.weight_4d().contiguous(), layer.shortcut.weight_4d().contiguous(),
                                               layer.config)
         if packed is not None:
-            call = backend.bind_shortcut(packed, spec, layer.config, x.dtype, _summed_bias(layer) is not None,
-                                         layer.shortcut.stride)
-    bias = _summed_bias(layer)
+            call = backend.bind_shortcut(packed, spec, layer.config, x.dtype, bias is not None, layer.shortcut.stride)
     if call is not None:
         mark_static((*call.tensors, bias))
     layer.shortcut_binding = ShortcutBinding(static, key, call, bias)
