@@ -17,6 +17,7 @@ DLMC_PREFIX = "dlmc-"
 # sharing kept columns (issue 32), or units of <chunk> input channels at one tap (issue 45); "i": the
 # tiles are runs of channels in index order (TileParams.order "none") instead of similarity order
 TILES_PREFIX = "tiles"
+TWO_FOUR = "2to4"  # 2 of every 4 consecutive input channels at each (output channel, tap): 50%, semi-structured
 
 
 def layer_generator(seed: int, name: str) -> torch.Generator:
@@ -79,6 +80,19 @@ def tiled(weight: torch.Tensor, values: torch.Tensor, rows: int, chunk: int = 1,
     return torch.where(decomposition.mask, values, 0.0)
 
 
+def two_four_mask(values: torch.Tensor) -> torch.Tensor:
+    """Bool mask of (K, C, R, S) `values` keeping the 2 largest magnitudes of every 4 consecutive input
+    channels at each (output channel, tap) (fewer channels at the end of C: the largest 2 of them), so
+    that the K x (R*S*C) matrix in (r, s, c) order is 2:4 sparse along its rows where C % 4 == 0."""
+    K, C, R, S = values.shape
+    padded = torch.zeros(K, -(-C // 4) * 4, R, S, dtype=values.dtype)
+    padded[:, :C] = values.abs() + 1  # padding channels are never among the largest
+    groups = padded.reshape(K, -1, 4, R, S)
+    top = groups.topk(2, dim=2).indices
+    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(2, top, True)
+    return mask.reshape(K, -1, R, S)[:, :C]
+
+
 def make_weight(spec: ConvSpec, sparsity: float, pattern: str, seed: int, device: torch.device | str,
                 dtype: torch.dtype = torch.float32) -> Tuple[torch.Tensor, str]:
     """Weight (K, C // groups, R, S) of `dtype` on `device` with zeros at pruned positions, and the
@@ -87,7 +101,8 @@ def make_weight(spec: ConvSpec, sparsity: float, pattern: str, seed: int, device
     pattern "random": a uniformly random mask with exactly round((1 - sparsity) * numel) non-zeros.
     pattern "dlmc-<method>" (e.g. "dlmc-magnitude_pruning"): the DLMC ResNet-50 mask of layer
     `spec.name` from set f"{method}-{sparsity:g}" when present (label `pattern`); otherwise the
-    random mask (label "random"). pattern "tiles<rows>[x<chunk>][i]-<pattern>" (rows 16, 32 or 64;
+    random mask (label "random"). pattern "2to4": `two_four_mask` of the values (sparsity must be
+    0.5). pattern "tiles<rows>[x<chunk>][i]-<pattern>" (rows 16, 32 or 64;
     chunk 8, 16 or 32; "i": index order): that pattern's weight re-pruned into tiles (`tiled`; label
     the same prefix + its label). Kept values
     are normal(0, 1) * sqrt(2 / fan_in), drawn from a generator seeded by (seed, spec.name).
@@ -104,11 +119,17 @@ def make_weight(spec: ConvSpec, sparsity: float, pattern: str, seed: int, device
     if pattern.startswith(DLMC_PREFIX) and len(pattern) > len(DLMC_PREFIX):
         mask = _dlmc_mask(spec, pattern[len(DLMC_PREFIX):], sparsity)
         label = pattern if mask is not None else "random"
+    elif pattern == TWO_FOUR:
+        if sparsity != 0.5:
+            raise ValueError(f"pattern {TWO_FOUR!r} keeps 2 of every 4 weights: sparsity must be 0.5, got {sparsity!r}")
+        label = TWO_FOUR
     elif pattern != "random":
-        raise ValueError(f"unknown pattern {pattern!r}; expected 'random', 'dlmc-<method>' or "
+        raise ValueError(f"unknown pattern {pattern!r}; expected 'random', 'dlmc-<method>', '{TWO_FOUR}' or "
                          f"'tiles<rows>-<pattern>'")
-    if mask is None:
-        mask = _random_mask(spec, sparsity, generator)
+    if mask is None and label != TWO_FOUR:
+        mask = _random_mask(spec, sparsity, generator)  # drawn before the values, as every recorded run drew it
     fan_in = spec.weight_numel // spec.K
     values = torch.randn(spec.weight_shape, generator=generator) * math.sqrt(2.0 / fan_in)
+    if label == TWO_FOUR:
+        mask = two_four_mask(values)
     return torch.where(mask, values, 0.0).to(device=device, dtype=dtype), label
