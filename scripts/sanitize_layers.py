@@ -10,7 +10,8 @@ caching allocator, which the output then reuses, unless PYTORCH_NO_CUDA_MEMORY_C
 which memcheck sees each tensor as its own allocation and initcheck sees unwritten outputs read).
 
 Besides each backend's default config, the configs in `OTHER_PATHS` run too: kernels a default
-config does not reach (backend `tensorcore`'s TMA kernel and its unrolled loop).
+config does not reach (backend `tensorcore`'s TMA kernel and its unrolled loop); for `tensorcore`, also
+a layer with a projection shortcut folded into its kernel (`shortcut_run`).
 
 Usage: python3 scripts/sanitize_layers.py [BACKEND...]   (default: every registered backend)
 """
@@ -104,6 +105,46 @@ for run_label, name, make_config in runs:
         if not ok:
             failures.append(f"{run_label} {label}")
         print(f"{run_label:22s} {label} N={N:<2d}: {status:5s} {detail} ({time.perf_counter() - start:.1f} s)", flush=True)
+
+
+
+def shortcut_run(label: str, dtype: torch.dtype) -> str:
+    """Backend `tensorcore` with a projection shortcut folded in (`nn.shortcut`): a 1x1 conv of
+    C=16 plus a 1x1 stride-2 shortcut from 8 channels of 17x17, bias and ReLU; returns the detail."""
+    from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig
+
+    main_weight = torch.randn(K, 16, 1, 1, generator=generator) * (torch.rand(K, 16, 1, 1, generator=generator) > 0.5)
+    short_weight = torch.randn(K, 8, 1, 1, generator=generator) * (torch.rand(K, 8, 1, 1, generator=generator) > 0.5)
+    y, x2 = torch.randn(2, 16, H, W, generator=generator), torch.randn(2, 8, 2 * H - 1, 2 * W - 1, generator=generator)
+    ref = (reference_conv(y, main_weight, bias, fp64=True)
+           + reference_conv(x2, short_weight, None, stride=2, fp64=True)).relu()
+    config = TensorCoreConfig(group=16, chunk=16, block_m=64, order="index")
+    layer = SparseConv2d(main_weight.to(device, dtype), bias.to(device, dtype), backend="tensorcore", config=config,
+                         activation="relu")
+    layer.shortcut = SparseConv2d(short_weight.to(device, dtype), stride=2, backend="tensorcore", config=config)
+    with torch.no_grad():
+        poison(4 * 2 * K * H * W)
+        out = layer(y.to(device, dtype).contiguous(memory_format=torch.channels_last),
+                    shortcut_input=x2.to(device, dtype).contiguous(memory_format=torch.channels_last))
+        torch.cuda.synchronize()
+    if layer.shortcut_binding.call is None:
+        raise RuntimeError("the shortcut was not folded into one kernel")
+    error = relative_error(out, ref.to(device))
+    if error >= TOLERANCE[label]:
+        raise ValueError(f"rel err {error:.1e}")
+    return f"rel err {error:.1e} (one kernel, shortcut + relu)"
+
+
+if "tensorcore" in names:
+    for label, dtype in DTYPES.items():
+        start = time.perf_counter()
+        try:
+            status, detail = "ok", shortcut_run(label, dtype)
+        except Exception as error:  # noqa: BLE001  (reported as the other runs are)
+            status, detail = "ERROR", f"{type(error).__name__}: {str(error)[:300]}"
+            failures.append(f"tensorcore-shortcut {label}")
+        print(f"{'tensorcore-shortcut':22s} {label} N=2 : {status:5s} {detail} ({time.perf_counter() - start:.1f} s)",
+              flush=True)
 
 print(f"sanitize_layers: {len(failures)} failed{': ' + ', '.join(failures) if failures else ''}", flush=True)
 sys.exit(1 if failures else 0)
