@@ -568,3 +568,37 @@ def test_gpu_codegen_artefact_loads_without_compiling(tmp_path, monkeypatch):
         assert torch.equal(loaded(x), tuned(x))
         reference = model.cuda().double()(x.double())  # the dense model (lenet5 unpruned) in fp64
         assert relative_error(loaded(x), reference) < 1e-5  # fp32: the per-layer rule
+
+
+def test_folded_shortcuts_are_stored_as_convs_and_folded_again_on_load(tmp_path, monkeypatch):
+    """Tuning's folds (`tuning.whole_model.fold_shortcuts`, made here to fold every pair as a GPU
+    might) are recorded; the artefact stores both convs and `load` folds them again. A pair the
+    model does not have is a clear error."""
+    from sparsecnn.passes.shortcut import fold_shortcut, shortcut_pairs
+    from sparsecnn.tuning import whole_model
+
+    def fold_all(model, run, timer, check, error_of):
+        pairs = shortcut_pairs(model)
+        for pair in pairs:
+            fold_shortcut(model, *pair)
+        return dataclasses.replace(check, shortcuts=[list(pair) for pair in pairs])
+
+    monkeypatch.setattr(whole_model, "fold_shortcuts", fold_all)
+    model, shape = _pruned("resnet18-cifar"), [1, 3, 16, 16]
+    out = tmp_path / "artefact"
+    tuned = compile_model(copy.deepcopy(model), None, shape, "fp32", ["im2col-cublas"], out,
+                          model_name="resnet18-cifar", device="cpu", cache_dir=tmp_path / "cache", progress=False,
+                          timer=FixedTimer(["im2col-cublas"]))
+    pairs = [["layer2.0.conv2", "layer2.0.downsample.0"], ["layer3.0.conv2", "layer3.0.downsample.0"],
+             ["layer4.0.conv2", "layer4.0.downsample.0"]]
+    assert read_manifest(out)["shortcuts"] == pairs and "layer2.0.downsample.0" in read_manifest(out)["layers"]
+    assert all(tuned.get_submodule(name).shortcut is not None for name, _ in pairs)  # as tuned, still folded
+    loaded = _timed_load(out, timer=ForbiddenTimer())
+    assert all(loaded.get_submodule(name).shortcut is not None for name, _ in pairs)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), tuned(x))
+        assert relative_error(loaded(x), model.double()(x.double())) < 1e-5
+    _edit_manifest(out, lambda m: m.update(shortcuts=[["layer1.0.conv2", "layer2.0.downsample.0"]]))
+    with pytest.raises(ArtifactError, match="'shortcuts' entry"):
+        load(out, timer=ForbiddenTimer())

@@ -5,13 +5,13 @@ reached): {"backend", "config" (dict or null), "activation", "spec" (the ConvSpe
 when unreached), "choice", "time_ms", "dense_ms", "times_ms" (median ms per candidate benchmarked;
 null where not measured), "packed" (the packed weight's tree, see `packing`, or null),
 "packed_note" (why not stored: rebuilt on load)}. Linear decisions ("linears"): {module path of each
-`SplitKLinear`: splits}.
+`SplitKLinear`: splits}. Projection shortcuts tuning folded ("shortcuts"): [[conv, shortcut conv],
+...], both stored as convs of their own and folded again on load.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import logging
 import math
 import pickle
 import shutil
@@ -48,7 +48,7 @@ from sparsecnn.backends import config_to_dict
 from sparsecnn.models import build_model
 from sparsecnn.nn import SparseConv2d, SplitKLinear
 from sparsecnn.passes.fuse import prepare_for_inference
-from sparsecnn.passes.shortcut import unfold_shortcut
+from sparsecnn.passes.shortcut import fold_shortcut, unfold_shortcut
 from sparsecnn.prune import load_pruned
 from sparsecnn.tuning import LayerResult, Timer, environment_fingerprint
 from sparsecnn.tuning.sparsify import autotune_model
@@ -56,9 +56,6 @@ from sparsecnn.tuning.sparsify import autotune_model
 SPEC_FIELDS = ("N", "C", "K", "H", "W", "R", "S", "stride", "padding", "dilation", "groups")
 PACKED_PREFIX = "packed/"  # tensor names of packed weights; state-dict keys never hold a "/"
 _PRUNED_FORMAT = "sparsecnn-pruned"
-
-_LOG = logging.getLogger("sparsecnn.artifact")
-
 
 def _finite(value: Optional[float]) -> Optional[float]:
     return None if value is None or not math.isfinite(value) else float(value)
@@ -183,15 +180,10 @@ def _write(gm: fx.GraphModule, directory: Path, header: dict, device: torch.devi
         "layers": entries, "linears": linears, "weights": weights, "files": list_files(directory)})
 
 
-def _unfold_shortcuts(gm: fx.GraphModule) -> None:
-    """Put the projection shortcuts tuning folded (`passes.shortcut`) back as convs of their own:
-    an artefact does not record folds yet, so the model it holds runs them as two kernels."""
+def _folded_shortcuts(gm: fx.GraphModule) -> List[List[str]]:
+    """The (conv, shortcut conv) pairs tuning folded (`passes.shortcut`)."""
     check = gm.sparsecnn_report.model_check
-    for name, shortcut_name in (check.shortcuts if check is not None else []):
-        unfold_shortcut(gm, name, shortcut_name)
-    if check is not None and check.shortcuts:
-        _LOG.warning("the artefact runs %d projection shortcuts as convs of their own (tuning had folded "
-                     "them into %s)", len(check.shortcuts), ", ".join(name for name, _ in check.shortcuts))
+    return [list(pair) for pair in check.shortcuts] if check is not None else []
 
 
 def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence[int] = (), dtype: str = "fp32",
@@ -231,7 +223,6 @@ def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence
     gm = prepare_for_inference(module, masks, example_inputs=example[:1])
     gm.sparsecnn_report = autotune_model(gm, example, backends=backends, dtype=dtype, cache_dir=cache_dir,
                                          retune=retune, progress=progress, timer=timer, run_mode=run_mode)
-    _unfold_shortcuts(gm)
     header = {"format": FORMAT, "version": VERSION, "sparsecnn": __version__,
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "model": {"name": name, "num_classes": num_classes, "input_shape": shape},
@@ -239,9 +230,14 @@ def compile_model(model: str | nn.Module, checkpoint=None, input_shape: Sequence
               "device": device.type}
     out_dir = Path(out_dir)
     temporary = new_directory(out_dir)
+    shortcuts = _folded_shortcuts(gm)
+    for name, shortcut_name in shortcuts:  # stored as two convs at their own paths; load folds them again
+        unfold_shortcut(gm, name, shortcut_name)
     try:
-        _write(gm, temporary, header, device, weights_format)
+        _write(gm, temporary, {**header, "shortcuts": shortcuts}, device, weights_format)
         publish(temporary, out_dir)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
+        for name, shortcut_name in shortcuts:
+            fold_shortcut(gm, name, shortcut_name)
     return gm

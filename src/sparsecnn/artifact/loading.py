@@ -26,6 +26,7 @@ from sparsecnn.models import build_skeleton
 from sparsecnn.nn import SparseConv2d, SplitKLinear
 from sparsecnn.nn.graphed import enable_cuda_graphs
 from sparsecnn.passes.fuse import prepare_for_inference
+from sparsecnn.passes.shortcut import fold_shortcut, shortcut_pairs
 from sparsecnn.tuning import (
     LayerResult,
     PhaseClock,
@@ -185,7 +186,17 @@ def _load(directory: Path, device, prepare: bool, clock: PhaseClock) -> Tuple[fx
         gm.sparsecnn_retuned = _environment_change(manifest, device)
     if gm.sparsecnn_retuned is None:
         gm.sparsecnn_report = _restore(gm, manifest, tensors, device, prepare, clock)
+        _fold_shortcuts(gm, manifest, path)
     return gm, manifest, device
+
+
+def _fold_shortcuts(gm: fx.GraphModule, manifest: dict, path: Path) -> None:
+    """Fold the projection shortcuts tuning had folded ("shortcuts"; absent in older artefacts)."""
+    foldable = set(shortcut_pairs(gm))
+    for pair in manifest.get("shortcuts", []):
+        if not (isinstance(pair, list) and len(pair) == 2 and tuple(pair) in foldable):
+            raise ArtifactError(f"{path}: 'shortcuts' entry {pair!r} is not a (conv, shortcut conv) pair of this model")
+        fold_shortcut(gm, *pair)
 
 
 def _retune(gm: fx.GraphModule, manifest: dict, device: torch.device, directory: Path, cache_dir,

@@ -8,7 +8,7 @@ artefacts: "graph"), "backends" (the tuning candidates asked for, null for the d
 device), "codegen_toolchain" (nvcc/ptxas versions and flags when a layer runs `codegen`, else
 null), "fuse" (the `FuseReport` of `prepare_for_inference`), "tuning" {"max_rel_error",
 "unreached"}, "layers" {conv path: decision, see `compile`}, "linears" {linear path: splits} (version 2
-on), "weights" (the tensor file's name) and
+on), "shortcuts" (the folded projection shortcuts; optional), "weights" (the tensor file's name) and
 "files" {relative path: {"sha256", "bytes"}} for every other file of the artefact.
 """
 from __future__ import annotations
