@@ -191,3 +191,33 @@ def test_gpu_a_folded_pair_matches_fp64_eagerly_and_under_cuda_graphs(dtype, str
                 assert torch.equal(gm(x), eager)
         finally:
             disable_cuda_graphs(gm)
+
+
+@needs_interpreter
+def test_sparsecnn_compile_keeps_a_folded_layer_as_our_op_and_compiles_it():
+    """Under `sparsecnn.compile` (aot_eager here) the fold made in tuning stays: the per-conv
+    inductor comparison leaves the folded layer to our op, and the compiled model matches eager."""
+    import torch._dynamo
+
+    import sparsecnn
+    from sparsecnn import CompileConfig
+
+    model, x = block_model(), block_inputs()
+    with torch.no_grad():
+        expected = model(x)
+    class CompiledFaster(FoldTimer):
+        def measure(self, candidate, fn):
+            ms = super().measure(candidate, fn)
+            return 0.5 if candidate.backend == "model:compiled sparse" else ms
+
+    timer = CompiledFaster(1.0)
+    config = CompileConfig(tuning={"backends": ["tensorcore"]}, compiler="aot_eager", inductor_layers=True,
+                           progress=False, timer=timer)
+    torch._dynamo.reset()
+    compiled = sparsecnn.compile(model, x, mode="max-autotune", config=config)
+    assert compiled.kept == "sparse"
+    layer = compiled.module.get_submodule("0.conv2")
+    assert layer.shortcut is not None and layer.backend == "tensorcore"
+    assert "0.conv2" not in compiled.sparsecnn_report.compiled.layers  # not timed against inductor
+    with torch.no_grad():
+        assert relative_error(compiled(x), expected) < 1e-5
