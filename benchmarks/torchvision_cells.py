@@ -255,9 +255,10 @@ def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: 
     empty decision cache on input N(0, 1) of (batch, 3, hw, hw); after run 1, a cached reload (the
     model tuned again from run 1's decision cache, run "reload"). One row per tuning: the results
     schema, kind "tuning", dtype "tf32", median_ms null, config {"run", "tune_s", "phases_s", "policy",
-    "kept", "model_cached" (the whole-model decisions put back from the cache), "sparse_layers", "layers", "cache_hits" (layers decided from the cache), "worker_jobs"
-    (seconds per worker pool: `core.workers.JobTimes`), "choices" (layer -> [chosen candidate, its ms,
-    dense ms, candidates timed])}."""
+    "kept", "model_cached" (the whole-model decisions put back from the cache), "sparse_layers",
+    "layers", "cache_hits" (layers decided from the cache), "worker_jobs" (seconds per worker pool:
+    `core.workers.JobTimes`), "choices" (layer -> [chosen candidate, its ms, dense ms, candidates
+    timed])}."""
     given = pruned(name, setup).to(setup.device)
     x = torch.randn(batch, 3, setup.hw, setup.hw, device=setup.device)
     rows = []

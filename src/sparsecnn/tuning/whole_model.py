@@ -106,7 +106,8 @@ class GivenModel:
         self.originals = originals
         self.states = {name: module.backend_state() for name, module in originals.items()
                        if isinstance(module, SparseConv2d)}
-        self.splits = {name: module.splits for name, module in model.named_modules() if isinstance(module, SplitKLinear)}
+        self.splits = {name: module.splits for name, module in model.named_modules()
+                       if isinstance(module, SplitKLinear)}
 
     def restore(self, model: nn.Module, layers: Dict[str, nn.Module]) -> None:
         """Put every selected conv and linear split back as given (the layers `autotune_model` made
