@@ -577,7 +577,7 @@ def test_folded_shortcuts_are_stored_as_convs_and_folded_again_on_load(tmp_path,
     from sparsecnn.passes.shortcut import fold_shortcut, shortcut_pairs
     from sparsecnn.tuning import whole_model
 
-    def fold_all(model, run, timer, check, error_of):
+    def fold_all(model, run, timer, check, error_of, alternative):
         pairs = shortcut_pairs(model)
         for pair in pairs:
             fold_shortcut(model, *pair)

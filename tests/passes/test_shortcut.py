@@ -221,3 +221,40 @@ def test_sparsecnn_compile_keeps_a_folded_layer_as_our_op_and_compiles_it():
     assert "0.conv2" not in compiled.sparsecnn_report.compiled.layers  # not timed against inductor
     with torch.no_grad():
         assert relative_error(compiled(x), expected) < 1e-5
+
+
+class Im2colAloneFasterTimer(FoldTimer):
+    """im2col-cublas wins every layer alone; the folded model (on tensorcore) is faster as a whole."""
+
+    def measure(self, candidate, fn):
+        ms = super().measure(candidate, fn)
+        return 0.25 if candidate.backend == "im2col-cublas" else ms
+
+    def probe(self, candidate, fn):
+        return self.measure(candidate, fn)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("fold_ms, folded", [(1.0, True), (2.0, False)])
+def test_a_fold_may_move_its_conv_to_the_backend_that_folds(tmp_path, fold_ms, folded):
+    """The conv tuned to im2col-cublas is tried on its fastest timed tensorcore config with the shortcut
+    folded: kept (and recorded, reloaded) where the model gets faster, else put back on im2col."""
+    model, x = block_model(), block_inputs()
+    gm = prepare_for_inference(model, example_inputs=x)
+    with torch.no_grad():
+        expected = gm(x)
+    timer = Im2colAloneFasterTimer(fold_ms)
+    report = autotune_model(gm, x, backends=["tensorcore", "im2col-cublas"], cache_dir=tmp_path, timer=timer,
+                            progress=False)
+    layer = gm.get_submodule("0.conv2")
+    assert next(r for r in report.layers if r.name == "0.conv2").backend == "im2col-cublas"
+    assert "model:fold 0.conv2" in timer.timed
+    assert layer.backend == ("tensorcore" if folded else "im2col-cublas")
+    assert (layer.shortcut is not None) == folded and (layer.config.order == "index" if folded else True)
+    with torch.no_grad():
+        assert relative_error(gm(x), expected) < 1e-5
+    again, timer = prepare_for_inference(block_model(), example_inputs=x), Im2colAloneFasterTimer(fold_ms)
+    autotune_model(again, x, backends=["tensorcore", "im2col-cublas"], cache_dir=tmp_path, timer=timer, progress=False)
+    assert timer.timed == []
+    assert again.get_submodule("0.conv2").backend == layer.backend
+    assert (again.get_submodule("0.conv2").shortcut is not None) == folded

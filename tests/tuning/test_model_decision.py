@@ -137,7 +137,7 @@ def test_the_model_entry_names_every_layer_key(tmp_path):
 
 def test_apply_sets_the_recorded_linear_splits():
     model = nn.Sequential(nn.Flatten(), SplitKLinear(64, 10))
-    decision = ModelDecision({}, [], {"1": {"splits": 4, "ms": 1.0, "dense_ms": 2.0}}, [], {})
+    decision = ModelDecision({}, {}, {"1": {"splits": 4, "ms": 1.0, "dense_ms": 2.0}}, [], {})
     decision = ModelDecision(dict(CHECK), *list(vars(decision).values())[1:])
     assert model_decision.apply(decision, model, {}, lambda: None).cached
     assert model[1].splits == 4
@@ -148,10 +148,11 @@ CHECK = {"tuned_ms": 1.0, "dense_ms": 2.0, "dense_backend": "dense", "kept": "tu
 
 
 @pytest.mark.parametrize("saved", [
-    None, [], {"check": {}, "on_dense": [], "linears": {}, "batch_inner": []},
-    {"check": {"kept": "tuned"}, "on_dense": [], "linears": {}, "batch_inner": [], "layout_ms": {}},
-    {"check": {**CHECK, "kept": "faster"}, "on_dense": [], "linears": {}, "batch_inner": [], "layout_ms": {}},
-    {"check": {**CHECK, "shortcuts": [["a"]]}, "on_dense": [], "linears": {}, "batch_inner": [], "layout_ms": {}},
+    None, [], {"check": {}, "backends": {}, "linears": {}, "batch_inner": []},
+    {"check": {"kept": "tuned"}, "backends": {}, "linears": {}, "batch_inner": [], "layout_ms": {}},
+    {"check": {**CHECK, "kept": "faster"}, "backends": {}, "linears": {}, "batch_inner": [], "layout_ms": {}},
+    {"check": {**CHECK, "shortcuts": [["a"]]}, "backends": {}, "linears": {}, "batch_inner": [], "layout_ms": {}},
+    {"check": CHECK, "backends": {"0": ["dense"]}, "linears": {}, "batch_inner": [], "layout_ms": {}},
 ])
 def test_a_malformed_decision_is_refused(saved):
     with pytest.raises(ValueError, match="model decision"):

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from torch import fx, nn
 
+from sparsecnn.backends import config_to_dict, get_backend
 from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
 from sparsecnn.passes.shortcut import fold_shortcut
@@ -27,18 +28,20 @@ from sparsecnn.tuning.model_check import MAX_SWITCHES, MIN_GAIN
 from sparsecnn.tuning.report import LayerResult, ModelCheck
 
 # Part of every model key: a change to what the record holds or how it is applied makes old records miss.
-RECORD_VERSION = 2
+RECORD_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelDecision:
-    """What the whole-model phases decided: `check` (a `ModelCheck` as a dict), the tuned layers it
-    left on its dense backend (`on_dense`: module paths), each timed `SplitKLinear`'s result
-    (`linears`: path -> {"splits", "ms", "dense_ms"}), the layers writing batch-innermost outputs
-    (`batch_inner`) and the two whole-model times that decided it (`layout_ms`)."""
+    """What the whole-model phases decided: `check` (a `ModelCheck` as a dict), the tuned layers
+    they left on another backend or config than their tuned choice (`backends`: path -> [backend,
+    config as a dict]: the check's dense backend, or the config a shortcut fold runs), each timed
+    `SplitKLinear`'s result (`linears`: path -> {"splits", "ms", "dense_ms"}), the layers writing
+    batch-innermost outputs (`batch_inner`) and the two whole-model times that decided it
+    (`layout_ms`)."""
 
     check: Dict[str, Any]
-    on_dense: List[str]
+    backends: Dict[str, List[Any]]
     linears: Dict[str, Dict[str, Any]]
     batch_inner: List[str]
     layout_ms: Dict[str, float]
@@ -51,8 +54,10 @@ class ModelDecision:
         check_fields = {field.name for field in dataclasses.fields(ModelCheck)} - {"cached"}
         ok = (isinstance(saved["check"], dict) and set(saved["check"]) == check_fields
               and saved["check"]["kept"] in ("tuned", "dense", "given")
-              and all(isinstance(saved[name], list) for name in ("on_dense", "batch_inner"))
-              and all(isinstance(saved[name], dict) for name in ("linears", "layout_ms"))
+              and isinstance(saved["batch_inner"], list)
+              and all(isinstance(saved[name], dict) for name in ("backends", "linears", "layout_ms"))
+              and all(isinstance(choice, list) and len(choice) == 2 and isinstance(choice[0], str)
+                      and (choice[1] is None or isinstance(choice[1], dict)) for choice in saved["backends"].values())
               and all(isinstance(linear, dict) and isinstance(linear.get("splits"), int)
                       for linear in saved["linears"].values())
               and all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(name, str) for name in pair)
@@ -111,13 +116,13 @@ def lookup(cache: TuneCache, key: Dict[str, Any]) -> Optional[ModelDecision]:
 def record(cache: TuneCache, key: Dict[str, Any], check: ModelCheck, tuned: Dict[str, SparseConv2d],
            results: Dict[str, LayerResult], linears: Dict[str, Dict[str, Any]], batch_inner: List[str],
            layout_ms: Dict[str, float]) -> ModelDecision:
-    """Store what the whole-model phases left: `check`, the layers now on its dense backend though
-    tuned to another, and the linears' and layouts' choices. Returns the stored decision."""
-    on_dense = [name for name, layer in tuned.items()
-                if layer.backend == check.dense_backend and results[name].backend != check.dense_backend]
+    """Store what the whole-model phases left: `check`, the layers now on another backend or config
+    than tuned, and the linears' and layouts' choices. Returns the stored decision."""
+    backends = {name: [layer.backend, config_to_dict(layer.config)] for name, layer in tuned.items()
+                if (layer.backend, layer.config) != (results[name].backend, results[name].config)}
     saved = {field.name: getattr(check, field.name) for field in dataclasses.fields(check) if field.name != "cached"}
-    decision = ModelDecision(json.loads(json.dumps(saved)), on_dense, json.loads(json.dumps(linears)),
-                             list(batch_inner), dict(layout_ms))
+    decision = ModelDecision(json.loads(json.dumps(saved)), json.loads(json.dumps(backends)),
+                             json.loads(json.dumps(linears)), list(batch_inner), dict(layout_ms))
     cache.store_model(key, dataclasses.asdict(decision))
     return decision
 
@@ -125,15 +130,15 @@ def record(cache: TuneCache, key: Dict[str, Any], check: ModelCheck, tuned: Dict
 def apply(decision: ModelDecision, model: nn.Module, tuned: Dict[str, SparseConv2d],
           restore_given: Callable[[], None]) -> ModelCheck:
     """Put `decision` back on `model`, whose `tuned` layers run their (cached) tuned choices: the
-    linears' splits, the output layouts, the layers left dense, or the whole model as given
+    linears' splits, the output layouts, the layers' final backends, or the whole model as given
     (`restore_given()`), and the folded shortcuts. Returns the recorded check, marked `cached`."""
     check = ModelCheck(**decision.check, cached=True)
     for name, module in model.named_modules():
         if isinstance(module, SplitKLinear) and name in decision.linears:
             module.splits = decision.linears[name]["splits"]
     set_batch_inner_outputs(tuned, [name for name in decision.batch_inner if name in tuned])
-    for name in decision.on_dense:
-        tuned[name].set_backend(check.dense_backend, None)
+    for name, (backend, config) in decision.backends.items():
+        tuned[name].set_backend(backend, None if config is None else get_backend(backend).config_from_dict(config))
     if check.kept == "given":
         restore_given()
     for name, shortcut_name in check.shortcuts:

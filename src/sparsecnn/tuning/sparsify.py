@@ -28,8 +28,8 @@ from sparsecnn.tuning.fingerprint import environment_fingerprint
 from sparsecnn.tuning.phases import PhaseClock
 from sparsecnn.tuning.precision import PrecisionPolicy, resolve_policy, tf32_flags
 from sparsecnn.tuning.report import TuneReport
-from sparsecnn.tuning.select import (DEFAULT_DROP_RATIO, EagerTimer, MeasuringTimer, Timer, candidates_for,
-                                     pending_candidates, prefetch_candidates)
+from sparsecnn.tuning.select import (DEFAULT_DROP_RATIO, Candidate, EagerTimer, MeasuringTimer, Timer,
+                                     candidates_for, pending_candidates, prefetch_candidates)
 import sparsecnn.tuning.model_decision as model_decision
 from sparsecnn.tuning.layout import is_batch_backend, is_batch_inner, set_tuning_layout
 from sparsecnn.tuning.model_check import dense_backend, model_timer
@@ -232,7 +232,9 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                 output = run()
             else:
                 whole = WholeModel(model, run, tuned, tuning.results, device.type, timer, whole_model, clock,
-                                   lambda out: _max_rel_error(out, reference) or 0.0)
+                                   lambda out: _max_rel_error(out, reference) or 0.0,
+                                   lambda name: _fold_alternative(tuning.results[name], tuned[name], policy,
+                                                                  device.type, backends))
                 check, linears, batch_inner, layout_ms, linear_output = whole.decide(
                     cast_inputs(inputs, policy.dtype), given, layers)
                 output = output if linear_output is None else linear_output
@@ -242,6 +244,17 @@ def autotune_model(model: nn.Module, example_inputs, *, filter_fn: Optional[Filt
                       str(cache.directory), check, clock.seconds,
                       {pool: dataclasses.asdict(times) for pool, times in job_times().items()},
                       kept_batch_inner, layout_ms, run_mode, linears, policy.describe)
+
+
+def _fold_alternative(result, layer: SparseConv2d, policy: PrecisionPolicy, device_type: str,
+                      backends: Optional[List[str]]) -> Optional[Candidate]:
+    """The fastest candidate timed for the layer in tuning (`result.times_ms`) whose backend can fold
+    a projection shortcut (`Backend.bind_shortcut`), or None: what `whole_model.fold_shortcuts`
+    tries a fold on when the layer's choice cannot fold."""
+    weight = layer.weight_4d().detach()
+    timed = [candidate for candidate in candidates_for(result.spec, policy, device_type, backends, weight)
+             if get_backend(candidate.backend).bind_shortcut is not None and candidate.label() in result.times_ms]
+    return min(timed, key=lambda candidate: result.times_ms[candidate.label()], default=None)
 
 
 def _run_recording_input_shapes(model: nn.Module, inputs: tuple, layers: Dict[str, nn.Module]):

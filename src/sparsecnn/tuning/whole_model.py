@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from torch import fx, nn
 
@@ -43,6 +43,7 @@ class WholeModel:
     whole_model: Timer
     clock: PhaseClock
     error_of: Callable[[Any], float]  # a model output's relative error against the reference pass
+    fold_alternative: Callable[[str], Optional[Candidate]]  # see `fold_shortcuts`
 
     def decide(self, inputs: tuple, given: "GivenModel", layers: Dict[str, nn.Module]):
         """(check, linears, batch-inner layers, layout ms, output of the linears' pass or None):
@@ -61,25 +62,34 @@ class WholeModel:
                                         TickingTimer(self.whole_model, bar))
             if given_ms is not None:
                 check = check_against_given(check, given_ms, lambda: given.restore(self.model, layers))
-            check = fold_shortcuts(self.model, self.run, TickingTimer(self.whole_model, bar), check, self.error_of)
+            check = fold_shortcuts(self.model, self.run, TickingTimer(self.whole_model, bar), check, self.error_of,
+                                   self.fold_alternative)
         return check, linears, batch_inner, layout_ms, output if linears else None
 
 
 def fold_shortcuts(model: nn.Module, run: Callable[[], object], timer: Timer, check: ModelCheck,
-                   error_of: Callable[[Any], float]) -> ModelCheck:
-    """Fold each projection shortcut (`passes.shortcut.shortcut_pairs`) whose conv runs a backend
-    that can run it folded (`Backend.bind_shortcut`), one at a time; keep a fold where `run()`, the
-    whole model, gets `MIN_GAIN` faster than the best so far and its output's error (`error_of`) stays
-    within twice the unfolded model's. A fold that fails or errs is undone and said once. Returns
-    `check` with the folds kept and the model's time after them (unchanged when none was kept, or
-    the model is kept as given)."""
+                   error_of: Callable[[Any], float],
+                   alternative: Callable[[str], Optional[Candidate]] = lambda name: None) -> ModelCheck:
+    """Fold each projection shortcut (`passes.shortcut.shortcut_pairs`) into its conv, one at a time,
+    where the conv runs a backend that can run it folded (`Backend.bind_shortcut`), or else on
+    `alternative(conv path)` (a candidate of such a backend timed for that conv in tuning; None:
+    none); keep a fold where `run()`, the whole model, gets `MIN_GAIN` faster than the best so far
+    and its output's error (`error_of`) stays within twice the unfolded model's, else put the conv
+    back as it was. A fold that fails or errs is undone and said once. Returns `check` with the
+    folds kept and the model's time after them (unchanged when none was kept, or the model is kept
+    as given)."""
     if not isinstance(model, fx.GraphModule) or check.kept == "given":
         return check
+    trials = [(name, shortcut_name, _fold_candidate(model.get_submodule(name), name, alternative))
+              for name, shortcut_name in shortcut_pairs(model)]
+    trials = [trial for trial in trials if trial[2] is not None]
     best, folded = check.best_ms, []
-    pairs = [pair for pair in shortcut_pairs(model)
-             if get_backend(model.get_submodule(pair[0]).backend).bind_shortcut is not None]
-    limit = 2 * error_of(run()) + 1e-5 if pairs else 0.0
-    for name, shortcut_name in pairs:
+    limit = 2 * error_of(run()) + 1e-5 if trials else 0.0
+    for name, shortcut_name, candidate in trials:
+        layer = model.get_submodule(name)
+        state = layer.backend_state()
+        if (candidate.backend, candidate.config) != (layer.backend, layer.config):
+            layer.set_backend(candidate.backend, candidate.config)
         fold_shortcut(model, name, shortcut_name)
         ms = _fold_ms(model, run, timer, name, shortcut_name, error_of, limit)
         if ms < best * (1 - MIN_GAIN):
@@ -87,10 +97,20 @@ def fold_shortcuts(model: nn.Module, run: Callable[[], object], timer: Timer, ch
             folded.append([name, shortcut_name])
         else:
             unfold_shortcut(model, name, shortcut_name)
+            layer.restore_backend(state)
     if folded:
         _LOG.info("folded %d projection shortcuts into their convs (%s): model %.4g ms", len(folded),
                   ", ".join(name for name, _ in folded), best)
     return dataclasses.replace(check, shortcuts=folded, final_ms=best) if folded else check
+
+
+def _fold_candidate(layer: SparseConv2d, name: str,
+                    alternative: Callable[[str], Optional[Candidate]]) -> Optional[Candidate]:
+    """What the layer runs during its fold trial: its own backend and config where that backend can
+    fold, else `alternative(name)`."""
+    if get_backend(layer.backend).bind_shortcut is not None:
+        return Candidate(layer.backend, layer.config)
+    return alternative(name)
 
 
 # Where the tuned model is checked against the model as given: where its speed is the point. On the
