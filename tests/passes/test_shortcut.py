@@ -175,6 +175,7 @@ def test_gpu_a_folded_pair_matches_fp64_eagerly_and_under_cuda_graphs(dtype, str
     with torch.no_grad():
         reference = model.double()(x.double())
     model, x = model.to("cuda", dtype), x.to("cuda", dtype).contiguous(memory_format=torch.channels_last)
+    reference = reference.cuda()
     with torch.no_grad():
         limit = 2 * relative_error(model(x), reference) + 1e-5
     gm = prepare_for_inference(model, example_inputs=x)
