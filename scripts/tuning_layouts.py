@@ -34,10 +34,10 @@ tuning_pass._LayerTuning._tune = traced
 os.environ["SPARSECNN_CACHE_DIR"] = tempfile.mkdtemp()
 model, _, _ = _pruned_model("resnet50", 0.9, "tiles64x32i-dlmc-magnitude_pruning", 0, None)
 model = _round_model_(model, "fp16").cuda()
-x = _input("resnet50", 32, 0, torch.device("cuda"), "fp16")
+x = _input("resnet50", 32, 0, torch.device("cuda"), "fp16").contiguous(memory_format=torch.channels_last)
 print("model input", _layout(x), flush=True)
-gm = sparsecnn.prepare_for_inference(model, example_inputs=x)
-sparsecnn.sparsify_(gm, x, progress=False)
+gm = sparsecnn.prepare_for_inference(model)  # as `bench model` tunes it (bench.models._variant)
+sparsecnn.sparsify_(gm, x, dtype="fp16", progress=False)
 for row in seen:
     print(*row, sep="  ", flush=True)
 print(gm.sparsecnn_report.model_check.format(), flush=True)
