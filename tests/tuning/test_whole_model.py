@@ -25,6 +25,9 @@ class ConstantTimer:
         fn()
         return self.ms
 
+    def probe(self, candidate, fn):
+        return self.measure(candidate, fn)
+
 
 def _tensorcore_block():
     from sparsecnn.backends.tensorcore.kernel import TensorCoreConfig
@@ -88,3 +91,25 @@ def test_a_model_kept_as_given_is_left_alone():
     timer = ConstantTimer(1.0)
     check = fold_shortcuts(gm, lambda: gm(x), timer, _check("given"), lambda out: 0.0)
     assert check.shortcuts == [] and timer.timed == []
+
+
+def test_a_half_precision_model_is_tuned_on_channels_last_activations(monkeypatch):
+    """While a bf16/fp16 model is tuned, an NCHW layer output goes on in channels_last, so the next
+    layer is timed on the layout the model's half-precision kernels use (fp32: left as it is)."""
+    from torch import nn
+
+    from sparsecnn.tuning import sparsify as tuning_pass
+    from sparsecnn.tuning.sparsify import autotune_model
+
+    for dtype, expected in (("bf16", True), ("fp32", False)):
+        seen = {}
+        tune = tuning_pass._LayerTuning._tune
+
+        def record(self, name, layer, x, residual, tune=tune, seen=seen):
+            seen[name] = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+            return tune(self, name, layer, x, residual)
+
+        monkeypatch.setattr(tuning_pass._LayerTuning, "_tune", record)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)).eval()
+        autotune_model(model, torch.randn(2, 3, 9, 9), dtype=dtype, timer=ConstantTimer(1.0), progress=False)
+        assert seen["2"] is expected
