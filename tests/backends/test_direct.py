@@ -616,6 +616,32 @@ def test_backend_prepare_run_and_sparse_conv(variant):
     assert module.fallback_reason is None
 
 
+@needs_interpreter
+@pytest.mark.parametrize("sub_batch,batch,expected_sub_batch", [(8, 8, 8), (8, 4, 4), (8, 6, 2), (8, 3, 1), (4, 1, 1),
+                                                                (2, 0, 2)])
+def test_for_batch_halves_images_per_program_until_they_divide_the_batch(sub_batch, batch, expected_sub_batch):
+    config = DirectConfig(16, 1, sub_batch, 1, 1, "batch", 8)
+    assert triton_kernels.for_batch(config, batch) == dataclasses.replace(config, sub_batch=expected_sub_batch)
+    ell = DirectConfig(64, 4, 8, 4, 1, "ell")
+    assert triton_kernels.for_batch(ell, 3) is ell
+
+
+@needs_interpreter
+def test_a_layer_tuned_at_one_batch_runs_other_batches_on_the_batch_variant():
+    """A layer bound with 8 images per program (as tuned at N=8) gets inputs of 4, 3 and 1 images:
+    each runs the direct kernel (no dense fallback) and matches fp64."""
+    conv = torch.nn.Conv2d(3, 33, 3, stride=2, padding=1)
+    with torch.no_grad():
+        conv.weight.copy_(sparse_weight(33, 3, 3, 3, 0.8))
+    module = SparseConv2d.from_dense(conv, backend="direct", config=DirectConfig(16, 1, 8, 1, 1, "batch", 8))
+    with torch.no_grad():
+        for batch in (8, 4, 3, 1):
+            x = inputs(batch, 3, 13, 13, seed=batch)
+            ref = expected(x, conv.weight.detach(), conv.bias.detach(), 2, 1)
+            assert relative_error(module(x), ref) < 1e-5, batch
+    assert module.fallback_reason is None
+
+
 # --- GPU -----------------------------------------------------------------------------
 
 

@@ -42,10 +42,12 @@ def _prepare(weight: torch.Tensor, config: Any):
 
 
 def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> KernelCall:
-    """The op `sparsecnn::direct_conv2d` on the packed weight's tensors for spec's padded input size."""
+    """The op `sparsecnn::direct_conv2d` on the packed weight's tensors for spec's padded input size
+    (variant "batch": with images per program dividing spec's batch, `kernel.for_batch`)."""
     kernels = _kernels()
     if config is None:
         config = kernels.default_config(spec, dtype, kernels.variant_of(packed))
+    config = kernels.for_batch(config, spec.N)
     kernels.check_weight_variant(packed, config)
     return KernelCall(torch.ops.sparsecnn.direct_conv2d.default,
                       kernels.weight_arrays(packed, *padded_hw(spec), config, spec.padding),

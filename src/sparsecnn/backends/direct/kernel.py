@@ -424,6 +424,18 @@ def _check_out(out: torch.Tensor, shape: Tuple[int, ...], x: torch.Tensor, varia
                          f"got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
 
 
+def for_batch(config: DirectConfig, batch: int) -> DirectConfig:
+    """`config` for inputs of `batch` images: variant "batch" with sub_batch halved until it divides
+    the batch (a layer tuned at N=8 with 8 images per program runs N=4 with 4, N=6 with 2); other
+    configs as they are."""
+    if config.variant != "batch" or batch <= 0:
+        return config
+    sub_batch = config.sub_batch
+    while batch % sub_batch:
+        sub_batch //= 2
+    return config if sub_batch == config.sub_batch else dataclasses.replace(config, sub_batch=sub_batch)
+
+
 def _check_batch_variant(spec: ConvSpec, config: DirectConfig) -> None:
     """Variant "batch": sub_batch divides N, and offsets over the padded input fit int32."""
     if spec.N % config.sub_batch:
