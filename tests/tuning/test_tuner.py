@@ -484,6 +484,9 @@ def test_autotune_model_reports_where_the_tuning_time_went(tmp_path):
     assert all(seconds >= 0 for seconds in phases.values())
     inside_layers = sum(phases[name] for name in phases if name.startswith("bind ")) + phases["first calls"]
     assert inside_layers <= phases["layers"] <= phases["total"]
+    per_backend = {name: phases[name] for name in phases if name.startswith("first calls ")}
+    assert set(per_backend) == {"first calls dense", "first calls im2col-cublas", "first calls im2col-cusparse"}
+    assert 0 < sum(per_backend.values()) <= phases["first calls"]  # one at a time on the CPU
     assert list(phases)[-1] == "total" and "tuning time: reference pass" in report.format()
     assert report.worker_jobs == {}  # no backend here prepares in workers
     cached = autotune_model(copy.deepcopy(model), x, cache_dir=tmp_path, timer=FakeTimer(), progress=False)
@@ -498,6 +501,9 @@ def test_phase_clock_sums_repeated_phases():
     with pytest.raises(ValueError), clock.phase("b"):
         raise ValueError("counted anyway")
     assert list(clock.seconds) == ["a", "b"] and clock.seconds["a"] >= 0.03
+    clock.add("a", 1.0)
+    clock.add("c", 0.5)
+    assert list(clock.seconds) == ["a", "b", "c"] and clock.seconds["a"] >= 1.03 and clock.seconds["c"] == 0.5
 
 
 @pytest.mark.parametrize("model_ms, kept", [({"model:tuned": 3.0, "model:dense": 4.0}, "tuned"),

@@ -3,6 +3,7 @@ for each top-level phase."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Callable, Dict, Iterator, Optional
 
@@ -18,6 +19,7 @@ class PhaseClock:
     def __init__(self, progress: bool = False) -> None:
         self.seconds: Dict[str, float] = {}
         self.progress = progress
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -26,6 +28,12 @@ class PhaseClock:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def add(self, name: str, seconds: float) -> None:
+        """Count `seconds` to phase `name`: work timed elsewhere, e.g. on threads (whose seconds
+        overlap, so such phases can sum to more than the wall time of the phase around them). Thread-safe."""
+        with self._lock:
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     @contextlib.contextmanager
     def bar(self, name: str, total: Optional[int] = None, unit: str = "step") -> Iterator[tqdm]:

@@ -5,6 +5,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
+import time
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
@@ -183,19 +184,22 @@ def _error_text(error: Exception) -> str:
 
 
 def _first_calls(runners: Dict[Candidate, Callable[[], torch.Tensor]], device: torch.device,
-                 dropped: Dict[str, str], exact: torch.Tensor) -> Dict[Candidate, float]:
+                 dropped: Dict[str, str], exact: torch.Tensor, clock: PhaseClock) -> Dict[Candidate, float]:
     """Call each runner once (compiling its kernels), dropping those that raise; returns each
     one's relative error against `exact` (the fp64 output of the batch's first image). On CUDA, one candidate per backend
     first (lazy initialisations stay single-threaded), then the rest several at a time; elsewhere
-    one by one (Triton's CPU interpreter is not thread-safe)."""
+    one by one (Triton's CPU interpreter is not thread-safe). clock gets each call's seconds as
+    phase "first calls <backend>" (calls on threads overlap: these can sum to more than the wall)."""
     errors: Dict[Candidate, Exception] = {}
     accuracy: Dict[Candidate, float] = {}
 
     def call(candidate: Candidate) -> None:
+        start = time.perf_counter()
         try:  # any failure (a config the hardware refuses, a compile error) drops the candidate
             accuracy[candidate] = relative_error(runners[candidate]()[:1], exact)
         except Exception as error:  # noqa: BLE001
             errors[candidate] = error
+        clock.add(f"first calls {candidate.backend}", time.perf_counter() - start)
 
     first_per_backend: Dict[str, Candidate] = {}
     for candidate in runners:
@@ -296,7 +300,7 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         except Exception as error:  # noqa: BLE001
             dropped[candidate.label()] = _error_text(error)
     with clock.phase("first calls"):
-        errors = _first_calls(runners, x.device, dropped, _exact_output(x, weight, bias, spec, relu, residual))
+        errors = _first_calls(runners, x.device, dropped, _exact_output(x, weight, bias, spec, relu, residual), clock)
         _drop_inaccurate(errors, runners, dropped)
     probes: Dict[Candidate, float] = {}
     with clock.phase("probes"):
