@@ -602,3 +602,28 @@ def test_folded_shortcuts_are_stored_as_convs_and_folded_again_on_load(tmp_path,
     _edit_manifest(out, lambda m: m.update(shortcuts=[["layer1.0.conv2", "layer2.0.downsample.0"]]))
     with pytest.raises(ArtifactError, match="'shortcuts' entry"):
         load(out, timer=ForbiddenTimer())
+
+
+def test_channels_last_outputs_are_recorded_and_come_back_on_load(tmp_path, monkeypatch):
+    """The layers tuning hands on in channels_last (`whole_model.hand_on_channels_last`, made here to
+    pick conv1 as a GPU might) are recorded per layer; `load` sets them again without timing."""
+    from sparsecnn.tuning import whole_model
+
+    def conv1_channels_last(model, run, tuned, timer, check):
+        tuned["conv1"].channels_last_output = True
+        return dataclasses.replace(check, channels_last_outputs=["conv1"])
+
+    monkeypatch.setattr(whole_model, "hand_on_channels_last", conv1_channels_last)
+    model, shape = _pruned("resnet18-cifar"), [1, 3, 16, 16]
+    out = tmp_path / "artefact"
+    tuned = compile_model(copy.deepcopy(model), None, shape, "fp32", ["im2col-cublas"], out,
+                          model_name="resnet18-cifar", device="cpu", cache_dir=tmp_path / "cache", progress=False,
+                          timer=FixedTimer(["im2col-cublas"]))
+    layers = read_manifest(out)["layers"]
+    assert layers["conv1"]["channels_last_output"] and not layers["layer1.0.conv1"]["channels_last_output"]
+    loaded = _timed_load(out, timer=ForbiddenTimer())
+    assert loaded.get_submodule("conv1").channels_last_output
+    assert not loaded.get_submodule("layer1.0.conv1").channels_last_output
+    x = torch.randn(shape)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), tuned(x))

@@ -104,6 +104,21 @@ def test_state_dict_round_trip_keeps_weights_mask_and_backend():
     assert f"density={layer.density:.3f}" in repr(other) and "backend=im2col-cublas" in repr(other)
 
 
+def test_a_channels_last_output_holds_the_same_values_and_survives_the_state_dict():
+    conv = _conv()
+    layer = SparseConv2d.from_dense(conv, "im2col-cublas")
+    x = torch.randn(2, 3, 13, 13)
+    with torch.no_grad():
+        plain = layer(x)
+        layer.channels_last_output = True
+        handed_on = layer(x)
+    assert plain.is_contiguous() and not plain.is_contiguous(memory_format=torch.channels_last)
+    assert handed_on.is_contiguous(memory_format=torch.channels_last) and torch.equal(handed_on, plain)
+    other = SparseConv2d.from_dense(_conv(), "dense")
+    other.load_state_dict(layer.state_dict())
+    assert other.channels_last_output and "channels_last_output=True" in repr(other)
+
+
 def test_weight_update_is_seen_by_the_next_forward():
     layer = SparseConv2d.from_dense(_conv(), "im2col-cusparse")
     x = torch.randn(1, 3, 13, 13)

@@ -1,4 +1,5 @@
-"""nn.layout: batch-innermost outputs between `direct` "batch" layers (CPU, Triton interpreter)."""
+"""tuning.layout: batch-innermost outputs between `direct` "batch" layers, and NCHW outputs handed on
+in channels_last before layers reading channels_last (CPU, Triton interpreter)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,7 +10,9 @@ from sparsecnn.core.reference import relative_error
 from sparsecnn.passes.fuse import prepare_for_inference
 from sparsecnn.tuning.layout import (
     batch_inner_candidates,
+    channels_last_candidates,
     keep_batch_inner_outputs,
+    keep_channels_last_outputs,
     set_tuning_layout,
 )
 
@@ -224,3 +227,58 @@ def test_candidates_look_through_a_merged_layers_channel_slices():
         assert relative_error(gm(x), model(x)) < 1e-5
     layers["c"].set_backend("dense", None)
     assert batch_inner_candidates(gm, {n: layers[n] for n in names}) == ["d"]  # b's slice feeds a dense c
+
+
+class Stem(nn.Module):
+    """a -> ReLU -> max pool -> b -> ReLU -> c: ResNet's stem and first conv in miniature."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        self.c = nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(self.pool(torch.relu(self.a(x))))))
+
+
+def _stem(b_backend):
+    """The traced `Stem` on NCHW input of 2 x 3 x 10 x 10, every conv on `dense` (NCHW in, NCHW out)
+    but b on `b_backend`; returns (model, input, tuned layers)."""
+    torch.manual_seed(0)
+    model = Stem().eval()
+    with torch.no_grad():
+        for conv in (model.a, model.b, model.c):
+            conv.weight.mul_(torch.rand_like(conv.weight) > 0.5)
+    x = torch.randn(2, 3, 10, 10)
+    gm = prepare_for_inference(model, example_inputs=(x,))
+    tuned = {name: gm.get_submodule(name) for name in "abc"}
+    tuned["b"].set_backend(b_backend, None)
+    return gm, x, tuned
+
+
+@needs_interpreter
+@pytest.mark.parametrize("b_backend, candidates", [("tensorcore", ["a"]), ("dense", [])])
+def test_channels_last_candidates_write_nchw_before_a_channels_last_reader(b_backend, candidates):
+    gm, x, tuned = _stem(b_backend)
+    with torch.no_grad():
+        assert channels_last_candidates(gm, lambda: gm(x), tuned) == candidates
+        assert channels_last_candidates(gm, lambda: gm(x), {"b": tuned["b"]}) == []  # a is not tuning's
+
+
+@needs_interpreter
+@pytest.mark.parametrize("faster", [True, False])
+def test_channels_last_outputs_kept_only_when_faster_and_outputs_unchanged(faster):
+    gm, x, tuned = _stem("tensorcore")
+    tuned["c"].channels_last_output = True  # left from before: tuning decides anew
+    with torch.no_grad():
+        before = gm(x)
+        timer = ScriptedTimer({"model:channels_last a": 0.9 if faster else 0.999})
+        kept, ms = keep_channels_last_outputs(gm, lambda: gm(x), tuned, timer, 1.0, 0.005)
+        assert timer.seen == ["model:channels_last a"]
+        assert (kept, ms) == ((["a"], 0.9) if faster else ([], 1.0))
+        assert [tuned[name].channels_last_output for name in "abc"] == [faster, False, False]
+        pooled = tuned["a"](x)
+        assert pooled.is_contiguous(memory_format=torch.channels_last) == faster
+        assert relative_error(gm(x), before) < 1e-6

@@ -12,6 +12,7 @@ from torch import nn
 
 from sparsecnn.core.reference import relative_error
 from sparsecnn.nn.linear import SplitKLinear
+from sparsecnn.nn.sparse_conv import SparseConv2d
 from sparsecnn.tuning import model_decision
 from sparsecnn.tuning import sparsify as sparsify_module
 from sparsecnn.tuning import whole_model
@@ -144,7 +145,19 @@ def test_apply_sets_the_recorded_linear_splits():
 
 
 CHECK = {"tuned_ms": 1.0, "dense_ms": 2.0, "dense_backend": "dense", "kept": "tuned", "tuned_eager_ms": None,
-         "dense_eager_ms": None, "switched": [], "final_ms": 1.0, "given_ms": None, "shortcuts": []}
+         "dense_eager_ms": None, "switched": [], "final_ms": 1.0, "given_ms": None, "shortcuts": [],
+         "channels_last_outputs": []}
+
+
+def test_a_well_formed_decision_is_taken_and_apply_sets_the_channels_last_outputs():
+    model = _model()
+    tuned = {"0": SparseConv2d.from_dense(model[0]), "2": SparseConv2d.from_dense(model[2])}
+    tuned["2"].channels_last_output = True
+    saved = {"check": {**CHECK, "channels_last_outputs": ["0"]}, "backends": {}, "linears": {}, "batch_inner": [],
+             "layout_ms": {}}
+    check = model_decision.apply(ModelDecision.from_json(saved), model, tuned, lambda: None)
+    assert check.cached and check.channels_last_outputs == ["0"]
+    assert [tuned[name].channels_last_output for name in ("0", "2")] == [True, False]
 
 
 @pytest.mark.parametrize("saved", [
@@ -152,6 +165,10 @@ CHECK = {"tuned_ms": 1.0, "dense_ms": 2.0, "dense_backend": "dense", "kept": "tu
     {"check": {"kept": "tuned"}, "backends": {}, "linears": {}, "batch_inner": [], "layout_ms": {}},
     {"check": {**CHECK, "kept": "faster"}, "backends": {}, "linears": {}, "batch_inner": [], "layout_ms": {}},
     {"check": {**CHECK, "shortcuts": [["a"]]}, "backends": {}, "linears": {}, "batch_inner": [], "layout_ms": {}},
+    {"check": {**CHECK, "channels_last_outputs": [1]}, "backends": {}, "linears": {}, "batch_inner": [],
+     "layout_ms": {}},
+    {"check": {k: v for k, v in CHECK.items() if k != "channels_last_outputs"}, "backends": {}, "linears": {},
+     "batch_inner": [], "layout_ms": {}},
     {"check": CHECK, "backends": {"0": ["dense"]}, "linears": {}, "batch_inner": [], "layout_ms": {}},
 ])
 def test_a_malformed_decision_is_refused(saved):

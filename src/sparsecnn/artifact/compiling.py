@@ -1,7 +1,8 @@
 """`compile_model`: tune a pruned model for one input shape and write it as an artefact directory.
 
 Layer decisions in the manifest ("layers", in call order, then the layers the example input never
-reached): {"backend", "config" (dict or null), "activation", "spec" (the ConvSpec tuned for, null
+reached): {"backend", "config" (dict or null), "activation", "channels_last_output" (bool: an NCHW
+output handed on in channels_last), "spec" (the ConvSpec tuned for, null
 when unreached), "choice", "time_ms", "dense_ms", "times_ms" (median ms per candidate benchmarked;
 null where not measured), "packed" (the packed weight's tree, see `packing`, or null),
 "packed_note" (why not stored: rebuilt on load)}. Linear decisions ("linears"): {module path of each
@@ -126,7 +127,7 @@ def _input_shape(input_shape: Sequence[int]) -> List[int]:
 def _layer_entry(name: str, layer: SparseConv2d, result: Optional[LayerResult], device: torch.device,
                  tensors: Dict[str, torch.Tensor], directory: Path) -> dict:
     entry = {"backend": layer.backend, "config": config_to_dict(layer.config), "activation": layer.activation,
-             "spec": None, "choice": None, "time_ms": None, "dense_ms": None, "times_ms": {}, "packed": None,
+             "channels_last_output": layer.channels_last_output, "spec": None, "choice": None, "time_ms": None, "dense_ms": None, "times_ms": {}, "packed": None,
              "packed_note": "not reached by the example input: packed on first use"}
     if result is None:
         return entry

@@ -68,14 +68,15 @@ def _skeleton(manifest: dict, path: Path) -> fx.GraphModule:
 
 
 def _load_state(gm: fx.GraphModule, manifest: dict, tensors: Dict[str, torch.Tensor], path: Path) -> None:
-    """Weights, masks, biases and the other parameters from `tensors`; each conv's backend, config
-    and activation and each linear's splits from the manifest."""
+    """Weights, masks, biases and the other parameters from `tensors`; each conv's backend, config,
+    activation and output layout and each linear's splits from the manifest."""
     state = {key: value for key, value in tensors.items() if not key.startswith(PACKED_PREFIX)}
     for name in _sparse_layers(gm):
         entry = manifest["layers"].get(name)
         if not isinstance(entry, dict):
             raise ArtifactError(f"{path}: no decision for conv layer {name!r}")
-        state[f"{name}._extra_state"] = {key: entry.get(key) for key in ("backend", "config", "activation")}
+        state[f"{name}._extra_state"] = {key: entry.get(key)
+                                         for key in ("backend", "config", "activation", "channels_last_output")}
     for name, module in gm.named_modules():
         if isinstance(module, SplitKLinear):
             if name not in manifest["linears"]:

@@ -80,6 +80,9 @@ class SparseConv2d(nn.Module):
         self.takes_residual = False
         self.pool: Optional[PoolArgs] = None
         self.shortcut: Optional[SparseConv2d] = None  # a folded 1x1 projection shortcut (`nn.shortcut`)
+        # Whether an NCHW output (pooled, where there is a pool) is handed on in channels_last memory:
+        # set by tuning where the layers after it read channels_last (`tuning.layout.keep_channels_last_outputs`).
+        self.channels_last_output = False
         self.set_backend(backend, config)
 
     def set_backend(self, backend: str, config: Any) -> None:
@@ -317,7 +320,9 @@ class SparseConv2d(nn.Module):
         if self.pool is not None and not binding.pooled:
             y = max_pool2d(y, self.pool.kernel_size, self.pool.stride, self.pool.padding, self.pool.dilation,
                            self.pool.ceil_mode)
-        return y.squeeze(2) if self.conv_dims == 1 else y
+        if self.conv_dims == 1:
+            return y.squeeze(2)
+        return y.contiguous(memory_format=torch.channels_last) if self.channels_last_output else y
 
     def _dense(self, x: torch.Tensor, residual: Optional[torch.Tensor], relu: bool) -> torch.Tensor:
         """The fallback: F.conv2d on the masked weight (x and residual in the 2-D view)."""
@@ -326,7 +331,7 @@ class SparseConv2d(nn.Module):
 
     def get_extra_state(self) -> dict:
         return {"backend": self.backend, "config": config_to_dict(self.config), "activation": self.activation,
-                "takes_residual": self.takes_residual,
+                "takes_residual": self.takes_residual, "channels_last_output": self.channels_last_output,
                 "pool": None if self.pool is None else dataclasses.asdict(self.pool)}
 
     def set_extra_state(self, state: dict) -> None:
@@ -335,6 +340,7 @@ class SparseConv2d(nn.Module):
         self.set_backend(backend.name, config)
         self.activation = state.get("activation", "none")
         self.takes_residual = bool(state.get("takes_residual", self.takes_residual))
+        self.channels_last_output = bool(state.get("channels_last_output", False))
         if "pool" in state:
             self.pool = None if state["pool"] is None else PoolArgs.of(**state["pool"])
 
@@ -345,6 +351,8 @@ class SparseConv2d(nn.Module):
         if self.config is not None:
             text += f", config={self.config}"
         text += f", activation={self.activation}" + (", takes_residual=True" if self.takes_residual else "")
+        if self.channels_last_output:
+            text += ", channels_last_output=True"
         if self.groups != 1 or self.dilation != (1, 1):
             text += f", groups={self.groups}, dilation={self.dilation}"
         if self.pool is not None:

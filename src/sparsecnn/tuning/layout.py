@@ -1,4 +1,5 @@
-"""Keep activations batch-innermost between "batch" layers: `direct` "batch", `staged` and `unrolled`.
+"""Output layouts between layers: batch-innermost between "batch" layers (`direct` "batch", `staged`,
+`unrolled`), and channels_last after a layer writing NCHW before one reading channels_last.
 
 Each layer is tuned on an NCHW input and writes NCHW, so a "batch" layer (which reads its input as
 (C, H, W, N)) pays a transpose of its input. When every consumer of a layer's output (as input or
@@ -12,6 +13,12 @@ and an NCHW output there costs a strided store and a copy of its residual). Only
 `prepare_for_inference` (torch.fx) say who consumes what; in other models every layer writes NCHW.
 The change is timed on the whole model and kept only when faster. While tuning, "batch" layers
 write batch-innermost outputs (`set_tuning_layout`), so the next layer is timed on that input.
+
+A layer writing NCHW (ResNet-50's conv1 on `codegen`) followed by layers reading channels_last
+(`tensorcore`) makes each of those copy its input to channels_last: after ResNet-50's max pool two
+copies of 12.8 MB (fp16, N=32), one by layer1.0.conv1 and one by the shortcut folded into
+layer1.0.conv3. `keep_channels_last_outputs` hands such an output on in channels_last (one copy,
+after the pool), where the whole model gets faster.
 """
 from __future__ import annotations
 
@@ -134,3 +141,63 @@ def keep_batch_inner_outputs(model: nn.Module, run: Callable[[], object], tuned:
         return names, times
     _set_out_layout(layers, "nchw")
     return [], times
+
+
+def set_channels_last_outputs(tuned: Dict[str, SparseConv2d], names: List[str]) -> None:
+    """The `tuned` layers in `names` hand their outputs on in channels_last, the others as written."""
+    for name, layer in tuned.items():
+        layer.channels_last_output = name in names
+
+
+# At most this many layers are tried with channels_last outputs: each trial is one whole-model timing.
+MAX_CHANNELS_LAST_TRIALS = 8
+
+
+def _writes_nchw(output) -> bool:
+    """A 4-D output of more than one channel not in channels_last memory."""
+    return (isinstance(output, torch.Tensor) and output.dim() == 4 and output.shape[1] > 1
+            and not output.is_contiguous(memory_format=torch.channels_last))
+
+
+def channels_last_candidates(model: nn.Module, run: Callable[[], object], tuned: Dict[str, SparseConv2d]) -> List[str]:
+    """Paths of the `tuned` layers whose output is NCHW in one `run()` of the model and whose next
+    `SparseConv2d` called reads channels_last (`Backend.channels_last`), in call order."""
+    calls: List[Tuple[str, SparseConv2d, bool]] = []
+
+    def hook(name):
+        return lambda layer, args, output: calls.append((name, layer, _writes_nchw(output)))
+
+    hooks = [module.register_forward_hook(hook(name)) for name, module in model.named_modules()
+             if isinstance(module, SparseConv2d) and module.conv_dims == 2]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return [name for (name, _, nchw), (_, following, _) in zip(calls, calls[1:])
+            if nchw and name in tuned and get_backend(following.backend).channels_last]
+
+
+def keep_channels_last_outputs(model: nn.Module, run: Callable[[], object], tuned: Dict[str, SparseConv2d],
+                               timer: Timer, best_ms: float, min_gain: float) -> Tuple[List[str], float]:
+    """Every `tuned` layer hands its output on as it is written; then each `channels_last_candidates`
+    layer (up to MAX_CHANNELS_LAST_TRIALS) is tried with its output handed on in channels_last
+    (`SparseConv2d.channels_last_output`), one at a time, and kept so where `run()`, the whole model
+    timed by `timer`, gets `min_gain` faster than `best_ms` (the best so far). Returns the layers
+    kept so and the model's time after them."""
+    set_channels_last_outputs(tuned, [])
+    kept = []
+    for name in channels_last_candidates(model, run, tuned)[:MAX_CHANNELS_LAST_TRIALS]:
+        layer = tuned[name]
+        layer.channels_last_output = True
+        ms = timer.measure(Candidate(f"model:channels_last {name}"), run)
+        if ms < best_ms * (1 - min_gain):
+            best_ms = ms
+            kept.append(name)
+        else:
+            layer.channels_last_output = False
+    if kept:
+        _LOG.info("%d layers hand their NCHW outputs on in channels_last (%s): model %.4g ms", len(kept),
+                  ", ".join(kept), best_ms)
+    return kept, best_ms

@@ -23,12 +23,12 @@ from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
 from sparsecnn.passes.shortcut import fold_shortcut
 from sparsecnn.tuning.cache import TuneCache, key_digest
-from sparsecnn.tuning.layout import set_batch_inner_outputs
+from sparsecnn.tuning.layout import set_batch_inner_outputs, set_channels_last_outputs
 from sparsecnn.tuning.model_check import MAX_SWITCHES, MIN_GAIN
 from sparsecnn.tuning.report import LayerResult, ModelCheck
 
 # Part of every model key: a change to what the record holds or how it is applied makes old records miss.
-RECORD_VERSION = 3
+RECORD_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +61,9 @@ class ModelDecision:
               and all(isinstance(linear, dict) and isinstance(linear.get("splits"), int)
                       for linear in saved["linears"].values())
               and all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(name, str) for name in pair)
-                      for pair in saved["check"]["shortcuts"]))
+                      for pair in saved["check"]["shortcuts"])
+              and isinstance(saved["check"]["channels_last_outputs"], list)
+              and all(isinstance(name, str) for name in saved["check"]["channels_last_outputs"]))
         if not ok:
             raise ValueError("model decision fields of the wrong type")
         return cls(**saved)
@@ -131,7 +133,8 @@ def apply(decision: ModelDecision, model: nn.Module, tuned: Dict[str, SparseConv
           restore_given: Callable[[], None]) -> ModelCheck:
     """Put `decision` back on `model`, whose `tuned` layers run their (cached) tuned choices: the
     linears' splits, the output layouts, the layers' final backends, or the whole model as given
-    (`restore_given()`), and the folded shortcuts. Returns the recorded check, marked `cached`."""
+    (`restore_given()`), the folded shortcuts and the outputs handed on in channels_last. Returns the
+    recorded check, marked `cached`."""
     check = ModelCheck(**decision.check, cached=True)
     for name, module in model.named_modules():
         if isinstance(module, SplitKLinear) and name in decision.linears:
@@ -143,4 +146,5 @@ def apply(decision: ModelDecision, model: nn.Module, tuned: Dict[str, SparseConv
         restore_given()
     for name, shortcut_name in check.shortcuts:
         fold_shortcut(model, name, shortcut_name)
+    set_channels_last_outputs(tuned, check.channels_last_outputs)
     return check

@@ -62,6 +62,8 @@ class ModelCheck:
     `dense_eager_ms`: wall ms per call of back-to-back calls, the CPU's launch costs included, which
     CUDA graphs hide; None elsewhere). `shortcuts`: the (conv, shortcut conv) pairs folded into one
     layer last (`passes.shortcut`), each because the whole model got faster, to `final_ms`.
+    `channels_last_outputs`: after those, the layers whose NCHW output is handed on in channels_last
+    (`layout.keep_channels_last_outputs`), each because the whole model got faster, to `final_ms`.
     `cached`: decided by an earlier tuning of the same model and layers, put back from the cache
     without timing (`model_decision`)."""
 
@@ -75,6 +77,7 @@ class ModelCheck:
     final_ms: Optional[float] = None
     given_ms: Optional[float] = None
     shortcuts: List[List[str]] = dataclasses.field(default_factory=list)
+    channels_last_outputs: List[str] = dataclasses.field(default_factory=list)
     cached: bool = False
 
     @property
@@ -113,6 +116,9 @@ class ModelCheck:
             text += f"; {self.speedup_over_given:.2f}x faster than the model as given ({self.given_ms:.4f} ms)"
         if self.shortcuts:
             text += f"; {len(self.shortcuts)} projection shortcuts folded into their convs: {self.final_ms:.4f} ms"
+        if self.channels_last_outputs:
+            text += (f"; {len(self.channels_last_outputs)} NCHW outputs handed on in channels_last "
+                     f"({', '.join(self.channels_last_outputs)}): {self.final_ms:.4f} ms")
         if self.cached:
             text += " (decided by an earlier tuning of this model, from the cache: nothing timed now)"
         return text

@@ -12,7 +12,7 @@ from torch import fx, nn
 from sparsecnn.backends import get_backend
 from sparsecnn.nn.linear import SplitKLinear
 from sparsecnn.nn.sparse_conv import SparseConv2d
-from sparsecnn.tuning.layout import keep_batch_inner_outputs
+from sparsecnn.tuning.layout import keep_batch_inner_outputs, keep_channels_last_outputs
 from sparsecnn.tuning.linears import tune_linears
 from sparsecnn.passes.shortcut import fold_shortcut, shortcut_pairs, unfold_shortcut
 from sparsecnn.tuning.model_check import MIN_GAIN, check_against_dense, check_against_given
@@ -64,6 +64,7 @@ class WholeModel:
                 check = check_against_given(check, given_ms, lambda: given.restore(self.model, layers))
             check = fold_shortcuts(self.model, self.run, TickingTimer(self.whole_model, bar), check, self.error_of,
                                    self.fold_alternative)
+            check = hand_on_channels_last(self.model, self.run, self.tuned, TickingTimer(self.whole_model, bar), check)
         return check, linears, batch_inner, layout_ms, output if linears else None
 
 
@@ -102,6 +103,16 @@ def fold_shortcuts(model: nn.Module, run: Callable[[], object], timer: Timer, ch
         _LOG.info("folded %d projection shortcuts into their convs (%s): model %.4g ms", len(folded),
                   ", ".join(name for name, _ in folded), best)
     return dataclasses.replace(check, shortcuts=folded, final_ms=best) if folded else check
+
+
+def hand_on_channels_last(model: nn.Module, run: Callable[[], object], tuned: Dict[str, SparseConv2d], timer: Timer,
+                          check: ModelCheck) -> ModelCheck:
+    """`layout.keep_channels_last_outputs` after the check and the folds (not on a model kept as
+    given); returns `check` with the layers kept so and the model's time after them."""
+    if check.kept == "given":
+        return check
+    kept, ms = keep_channels_last_outputs(model, run, tuned, timer, check.best_ms, MIN_GAIN)
+    return dataclasses.replace(check, channels_last_outputs=kept, final_ms=ms) if kept else check
 
 
 def _fold_candidate(layer: SparseConv2d, name: str,
