@@ -51,7 +51,7 @@ UNROLLED_MAX_NNZ = Setting("SPARSECNN_UNROLLED_MAX_NNZ", "int >= 1", str(UNROLLE
 BLOCKS_WORKERS = Setting("SPARSECNN_BLOCKS_WORKERS", "int >= 0", _WORKERS_DEFAULT,
                          "worker processes extracting blocks while tuning (0: in-process)")
 CODEGEN_WORKERS = Setting("SPARSECNN_CODEGEN_WORKERS", "int >= 0", _WORKERS_DEFAULT,
-                          "worker processes compiling codegen kernels while tuning (0: in-process)")
+                          "worker processes compiling codegen and staged kernels while tuning (0: in-process)")
 UNROLLED_WORKERS = Setting("SPARSECNN_UNROLLED_WORKERS", "int >= 0", _WORKERS_DEFAULT,
                            "worker processes compiling unrolled kernels while tuning (0: in-process)")
 DLMC = Setting("SPARSECNN_DLMC", "path", "shared/data/dlmc-rn50 or .carry/dlmc-rn50 found upwards",
@@ -178,7 +178,7 @@ def blocks_workers() -> int:
 
 def codegen_workers() -> int:
     """$SPARSECNN_CODEGEN_WORKERS (int >= 0; default half the CPUs, 1 to 16; 0: none): worker
-    processes compiling codegen kernels ahead of tuning."""
+    processes compiling codegen and staged kernels ahead of tuning."""
     return _workers(CODEGEN_WORKERS)
 
 

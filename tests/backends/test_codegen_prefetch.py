@@ -4,11 +4,11 @@ compiled in-process whenever a worker cannot help. Pools here run jobs inline (s
 import torch: seconds), except where a real process pool is the point."""
 import dataclasses
 import logging
-from concurrent.futures import Future
 
 import pytest
 import torch
 from helpers.codegen import needs_tools, sparse
+from helpers.pools import HeldPool, InlinePool
 from torch import nn
 
 from sparsecnn import settings
@@ -28,28 +28,9 @@ SPEC = ConvSpec(2, 5, 12, 9, 11, 3, 3, 1, 1)
 pytestmark = pytest.mark.usefixtures("generated_backends_ready")   # what is offered, not this machine
 
 
-class _InlinePool:
-    """Runs each job at submission; counts them."""
-
-    def __init__(self):
-        self.jobs = 0
-
-    def submit(self, fn, *args):
-        self.jobs += 1
-        future = Future()
-        try:
-            future.set_result(fn(*args))
-        except Exception as error:  # noqa: BLE001
-            future.set_exception(error)
-        return future
-
-    def shutdown(self, wait=True, cancel_futures=False):
-        pass
-
-
 @pytest.fixture
 def inline_workers(monkeypatch):
-    pool = _InlinePool()
+    pool = InlinePool()
     workers = codegen_backend._new_workers(new_pool=lambda count: pool)
     monkeypatch.setattr(codegen_backend, "_WORKERS", workers)
     monkeypatch.setenv(settings.CODEGEN_WORKERS.name, "2")
@@ -221,25 +202,8 @@ def test_layers_the_inputs_never_reach_are_not_prefetched(monkeypatch, tmp_path)
     assert [(spec.H, spec.W) for spec in seen] == [(8, 8)]
 
 
-class _HeldPool(_InlinePool):
-    """Leaves every job running (its future unfinished) until `finish`."""
-
-    def __init__(self):
-        super().__init__()
-        self.futures = []
-
-    def submit(self, fn, *args):
-        self.jobs += 1
-        self.futures.append(Future())
-        return self.futures[-1]
-
-    def finish(self):
-        for future in self.futures:
-            future.set_result((0.0, 0.0, None))
-
-
 def test_pending_while_a_prefetched_compile_runs(monkeypatch):
-    pool = _HeldPool()
+    pool = HeldPool()
     monkeypatch.setattr(codegen_backend, "_WORKERS", codegen_backend._new_workers(new_pool=lambda count: pool))
     monkeypatch.setenv(settings.CODEGEN_WORKERS.name, "2")
     backend = get_backend("codegen")

@@ -204,21 +204,39 @@ def _target_arch(props: device.DeviceProperties) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _compiled_kernel(spec: ConvSpec, config: StagedConfig, arch: str, smem_limit: int) -> LazyKernels:
+    return LazyKernels([cubin(spec, config, arch)], KERNEL_NAME, smem_limit)
+
+
+def cubin(spec: ConvSpec, config: StagedConfig, arch: str) -> bytes:
+    """The kernel's cubin for the geometry of `spec` (R, S, stride) and `config` on sm_`arch` (a
+    `target_arch` string): from the disk cache (keyed by source, toolchain and arch), else compiled
+    by nvcc and ptxas into it. Needs no GPU, so worker processes compile ahead of tuning
+    (`compile_into_cache`); one process compiles a key at a time, the others then read it."""
     source = kernel_source(spec, config)
     cache = DiskCache()
     key = toolchain.cache_key("staged", source, toolchain.toolchain_id(arch))
-    cubin = cache.get(key, "cubin")
-    if cubin is None:
+    compiled = cache.get(key, "cubin")
+    if compiled is None:
         with cache.exclusive(key):
-            cubin = cache.get(key, "cubin")
-            if cubin is None:
+            compiled = cache.get(key, "cubin")
+            if compiled is None:
                 ptx, _ = toolchain.nvcc_ptx(source, arch)
-                cubin, _, _ = toolchain.ptxas_cubin(ptx, arch)
-                cache.put(key, "cubin", cubin)
-    return LazyKernels([cubin], KERNEL_NAME, smem_limit)
+                compiled, _, _ = toolchain.ptxas_cubin(ptx, arch)
+                cache.put(key, "cubin", compiled)
+    return compiled
 
 
-def _geometry(spec: ConvSpec) -> ConvSpec:
+def compile_into_cache(spec: ConvSpec, config: StagedConfig, arch: str) -> None:
+    """`cubin` for a worker process: the result stays in the disk cache, where the first call finds it."""
+    cubin(geometry(spec), config, arch)
+
+
+def target_arch(props=None) -> str:
+    """The arch string kernels are compiled for on `props` (None: the current GPU, or the nominal one)."""
+    return _target_arch(device.resolve(props))
+
+
+def geometry(spec: ConvSpec) -> ConvSpec:
     """What a kernel's source depends on: the kernel size and stride (the rest is runtime ints)."""
     return ConvSpec(IMAGES, 1, 1, spec.R, spec.S, spec.R, spec.S, spec.stride, (0, 0))
 
@@ -350,7 +368,7 @@ def staged_conv2d_arrays(x: torch.Tensor, entries: torch.Tensor, chunk_ptr: torc
     if residual is not None and residual.stride() != out.stride():
         residual = torch.empty_like(out).copy_(residual)   # the epilogue reads it at out's offsets
     bias = None if bias is None else bias.contiguous()
-    compiled = compiled_kernel(_geometry(spec), config, props)
+    compiled = compiled_kernel(geometry(spec), config, props)
     flags = epilogue_flags(relu, bias is not None, residual is not None, out_vectors, bool(pool))
     grid, ints = launch_geometry(spec, config, channel.numel(), chunk_ptr.shape[1], max_segment, out.stride(), flags)
     pointers = (xt.data_ptr(), entries.data_ptr(), chunk_ptr.data_ptr(), channel.data_ptr(),
