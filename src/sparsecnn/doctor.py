@@ -184,7 +184,7 @@ def _compile_staged(spec, weight, arch: str, cache) -> str:
     from sparsecnn.core import toolchain
 
     config = staged.candidate_configs(spec, arch)[0]
-    ptx, _ = toolchain.nvcc_ptx(kernel_source(staged._geometry(spec), config), arch)
+    ptx, _ = toolchain.nvcc_ptx(kernel_source(staged.geometry(spec), config), arch)
     _, info, _ = toolchain.ptxas_cubin(ptx, arch)
     return f"{info.registers} registers"
 
