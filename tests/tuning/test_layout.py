@@ -3,7 +3,7 @@ in channels_last before layers reading channels_last (CPU, Triton interpreter)."
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.common import needs_interpreter
+from helpers.common import needs_cuda, needs_interpreter
 from torch import nn
 
 from sparsecnn.core.reference import relative_error
@@ -243,7 +243,7 @@ class Stem(nn.Module):
         return self.c(torch.relu(self.b(self.pool(torch.relu(self.a(x))))))
 
 
-def _stem(b_backend):
+def _stem(b_backend, device="cpu", dtype=torch.float32):
     """The traced `Stem` on NCHW input of 2 x 3 x 10 x 10, every conv on `dense` (NCHW in, NCHW out)
     but b on `b_backend`; returns (model, input, tuned layers)."""
     torch.manual_seed(0)
@@ -251,7 +251,8 @@ def _stem(b_backend):
     with torch.no_grad():
         for conv in (model.a, model.b, model.c):
             conv.weight.mul_(torch.rand_like(conv.weight) > 0.5)
-    x = torch.randn(2, 3, 10, 10)
+    model = model.to(device, dtype)
+    x = torch.randn(2, 3, 10, 10, device=device, dtype=dtype)
     gm = prepare_for_inference(model, example_inputs=(x,))
     tuned = {name: gm.get_submodule(name) for name in "abc"}
     tuned["b"].set_backend(b_backend, None)
@@ -282,3 +283,16 @@ def test_channels_last_outputs_kept_only_when_faster_and_outputs_unchanged(faste
         pooled = tuned["a"](x)
         assert pooled.is_contiguous(memory_format=torch.channels_last) == faster
         assert relative_error(gm(x), before) < 1e-6
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_a_half_precision_channels_last_output_feeds_tensorcore_unchanged():
+    gm, x, tuned = _stem("tensorcore", "cuda", torch.float16)
+    with torch.no_grad():
+        before = gm(x)
+        assert channels_last_candidates(gm, lambda: gm(x), tuned) == ["a"]
+        kept, _ = keep_channels_last_outputs(gm, lambda: gm(x), tuned, ScriptedTimer({"model:channels_last a": 0.5}),
+                                             1.0, 0.005)
+        assert kept == ["a"] and tuned["a"](x).is_contiguous(memory_format=torch.channels_last)
+        assert relative_error(gm(x), before) < 1e-3  # fp16: the same kernels on the same values
