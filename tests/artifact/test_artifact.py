@@ -570,6 +570,17 @@ def test_gpu_codegen_artefact_loads_without_compiling(tmp_path, monkeypatch):
         assert relative_error(loaded(x), reference) < 1e-5  # fp32: the per-layer rule
 
 
+def _compiled_resnet18_cifar(tmp_path):
+    """(pruned model, input shape, artefact directory, tuned model): resnet18-cifar compiled on the CPU
+    at N=1, 16x16, every conv timed as im2col-cublas."""
+    model, shape = _pruned("resnet18-cifar"), [1, 3, 16, 16]
+    out = tmp_path / "artefact"
+    tuned = compile_model(copy.deepcopy(model), None, shape, "fp32", ["im2col-cublas"], out,
+                          model_name="resnet18-cifar", device="cpu", cache_dir=tmp_path / "cache", progress=False,
+                          timer=FixedTimer(["im2col-cublas"]))
+    return model, shape, out, tuned
+
+
 def test_folded_shortcuts_are_stored_as_convs_and_folded_again_on_load(tmp_path, monkeypatch):
     """Tuning's folds (`tuning.whole_model.fold_shortcuts`, made here to fold every pair as a GPU
     might) are recorded; the artefact stores both convs and `load` folds them again. A pair the
@@ -584,11 +595,7 @@ def test_folded_shortcuts_are_stored_as_convs_and_folded_again_on_load(tmp_path,
         return dataclasses.replace(check, shortcuts=[list(pair) for pair in pairs])
 
     monkeypatch.setattr(whole_model, "fold_shortcuts", fold_all)
-    model, shape = _pruned("resnet18-cifar"), [1, 3, 16, 16]
-    out = tmp_path / "artefact"
-    tuned = compile_model(copy.deepcopy(model), None, shape, "fp32", ["im2col-cublas"], out,
-                          model_name="resnet18-cifar", device="cpu", cache_dir=tmp_path / "cache", progress=False,
-                          timer=FixedTimer(["im2col-cublas"]))
+    model, shape, out, tuned = _compiled_resnet18_cifar(tmp_path)
     pairs = [["layer2.0.conv2", "layer2.0.downsample.0"], ["layer3.0.conv2", "layer3.0.downsample.0"],
              ["layer4.0.conv2", "layer4.0.downsample.0"]]
     assert read_manifest(out)["shortcuts"] == pairs and "layer2.0.downsample.0" in read_manifest(out)["layers"]
@@ -614,11 +621,7 @@ def test_channels_last_outputs_are_recorded_and_come_back_on_load(tmp_path, monk
         return dataclasses.replace(check, channels_last_outputs=["conv1"])
 
     monkeypatch.setattr(whole_model, "hand_on_channels_last", conv1_channels_last)
-    model, shape = _pruned("resnet18-cifar"), [1, 3, 16, 16]
-    out = tmp_path / "artefact"
-    tuned = compile_model(copy.deepcopy(model), None, shape, "fp32", ["im2col-cublas"], out,
-                          model_name="resnet18-cifar", device="cpu", cache_dir=tmp_path / "cache", progress=False,
-                          timer=FixedTimer(["im2col-cublas"]))
+    _, shape, out, tuned = _compiled_resnet18_cifar(tmp_path)
     layers = read_manifest(out)["layers"]
     assert layers["conv1"]["channels_last_output"] and not layers["layer1.0.conv1"]["channels_last_output"]
     loaded = _timed_load(out, timer=ForbiddenTimer())

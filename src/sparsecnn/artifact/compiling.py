@@ -127,7 +127,8 @@ def _input_shape(input_shape: Sequence[int]) -> List[int]:
 def _layer_entry(name: str, layer: SparseConv2d, result: Optional[LayerResult], device: torch.device,
                  tensors: Dict[str, torch.Tensor], directory: Path) -> dict:
     entry = {"backend": layer.backend, "config": config_to_dict(layer.config), "activation": layer.activation,
-             "channels_last_output": layer.channels_last_output, "spec": None, "choice": None, "time_ms": None, "dense_ms": None, "times_ms": {}, "packed": None,
+             "channels_last_output": layer.channels_last_output, "spec": None, "choice": None, "time_ms": None,
+             "dense_ms": None, "times_ms": {}, "packed": None,
              "packed_note": "not reached by the example input: packed on first use"}
     if result is None:
         return entry
