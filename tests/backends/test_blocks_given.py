@@ -103,6 +103,22 @@ def test_extraction_takes_the_provided_blocks_for_weights_inside_the_mask():
     assert provided_blocks(mask) is None and extraction(weight, 4).report.partitioner != "given"
 
 
+@pytest.mark.parametrize("policy", ["tf32", "fp16"])
+def test_auto_tries_blocks_only_on_layers_whose_blocks_were_given(policy):
+    from sparsecnn.tuning.precision import POLICIES
+    from sparsecnn.tuning.select import candidates_for
+
+    blocks, mask = tile_structure()
+    weight, spec = weight_in(mask), ConvSpec(4, C, K, 13, 13, R, S, 2, 1)
+    offered = lambda **kwargs: [c for c in candidates_for(spec, POLICIES[policy], "cuda", weight=weight, **kwargs)
+                                if c.backend == "blocks"]
+    assert offered() == []  # Algorithm 1's own blocks: not timed unasked
+    assert offered(backends=["blocks"])  # named: every config
+    provide_blocks(mask, blocks)
+    assert offered() and {c.config.t2 for c in offered()} == {4, 8}
+    clear_provided_blocks()
+
+
 def test_the_smallest_covering_mask_wins_and_an_equal_mask_is_replaced():
     blocks, mask = tile_structure()
     wide_blocks, wide_mask = [(list(range(K)), list(range(C * R * S)))], torch.ones(K, C, R, S, dtype=torch.bool)

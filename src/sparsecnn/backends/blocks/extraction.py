@@ -97,6 +97,12 @@ def provide_blocks(mask: torch.Tensor, blocks: Sequence[Tuple[Sequence[int], Seq
     _EXTRACTIONS.clear()  # an extraction of a weight inside this mask may be cached
 
 
+def has_provided_blocks(weight: torch.Tensor) -> bool:
+    """Whether a re-pruning gave blocks (`provide_blocks`) for a mask holding every non-zero of
+    `weight` (K, C, R, S)."""
+    return _provided_for(weight) is not None
+
+
 def provided_blocks(mask: torch.Tensor) -> Optional[Blocks]:
     """The blocks `provide_blocks` recorded with exactly this mask, or None."""
     mask = mask.detach().cpu()
