@@ -14,7 +14,6 @@ from sparsecnn import settings
 PACKAGE = Path(settings.__file__).resolve().parent
 HOME = Path.home()
 HALF_THE_CPUS = max(1, min((os.cpu_count() or 1) // 2, settings.MAX_WORKERS))
-ALL_THE_CPUS = max(1, min(os.cpu_count() or 1, settings.MAX_WORKERS))
 
 # (setting, accessor, value to set, what the accessor returns for it, what it returns when unset)
 CASES = [
@@ -30,7 +29,7 @@ CASES = [
     (settings.UNROLLED_MAX_NNZ, settings.unrolled_max_nnz, "250000", 250_000, settings.UNROLLED_MAX_NNZ_DEFAULT),
     (settings.BLOCKS_WORKERS, settings.blocks_workers, "0", 0, HALF_THE_CPUS),
     (settings.CODEGEN_WORKERS, settings.codegen_workers, "3", 3, HALF_THE_CPUS),
-    (settings.UNROLLED_WORKERS, settings.unrolled_workers, " 5", 5, ALL_THE_CPUS),
+    (settings.UNROLLED_WORKERS, settings.unrolled_workers, " 5", 5, HALF_THE_CPUS),
     (settings.DLMC, settings.dlmc_dir, "~/dlmc", HOME / "dlmc", None),
     (settings.COMMIT, settings.commit, "abc1234", "abc1234", None),
     (settings.SPUTNIK_LIB, settings.sputnik_lib, "~/peers/libsputnik_spmm.so", HOME / "peers/libsputnik_spmm.so",

@@ -25,9 +25,8 @@ class Setting(NamedTuple):
 
 CODEGEN_LOADERS = ("cuda-python", "cupy")
 UNROLLED_MAX_NNZ_DEFAULT = 60_000
-MAX_WORKERS = 16  # the default worker count's cap: half the CPUs (all of them for unrolled), at most this
+MAX_WORKERS = 16  # the default worker count's cap: half the CPUs, at most this
 _WORKERS_DEFAULT = f"half the CPUs (1 to {MAX_WORKERS})"
-_ALL_CPUS_DEFAULT = f"all the CPUs (1 to {MAX_WORKERS})"
 
 CACHE_DIR = Setting("SPARSECNN_CACHE_DIR", "path", "~/.cache/sparsecnn/autotune",
                     "tuning decisions cache (`sparsify_`, `autotune_model`)")
@@ -53,7 +52,7 @@ BLOCKS_WORKERS = Setting("SPARSECNN_BLOCKS_WORKERS", "int >= 0", _WORKERS_DEFAUL
                          "worker processes extracting blocks while tuning (0: in-process)")
 CODEGEN_WORKERS = Setting("SPARSECNN_CODEGEN_WORKERS", "int >= 0", _WORKERS_DEFAULT,
                           "worker processes compiling codegen and staged kernels while tuning (0: in-process)")
-UNROLLED_WORKERS = Setting("SPARSECNN_UNROLLED_WORKERS", "int >= 0", _ALL_CPUS_DEFAULT,
+UNROLLED_WORKERS = Setting("SPARSECNN_UNROLLED_WORKERS", "int >= 0", _WORKERS_DEFAULT,
                            "worker processes compiling unrolled kernels while tuning (0: in-process)")
 DLMC = Setting("SPARSECNN_DLMC", "path", "shared/data/dlmc-rn50 or .carry/dlmc-rn50 found upwards",
                "DLMC ResNet-50 masks (a directory with index.json)")
@@ -162,11 +161,10 @@ def unrolled_max_nnz() -> int:
     return int(text)
 
 
-def _workers(setting: Setting, share: int = 2) -> int:
-    """The setting's worker count; unset: 1 / `share` of the CPUs, 1 to MAX_WORKERS."""
+def _workers(setting: Setting) -> int:
     value = (_raw(setting) or "").strip()
     if not value:
-        return max(1, min((os.cpu_count() or 1) // share, MAX_WORKERS))
+        return max(1, min((os.cpu_count() or 1) // 2, MAX_WORKERS))
     if not value.isdigit():
         raise ValueError(f"${setting.name} must be a non-negative int, got {value!r}")
     return int(value)
@@ -185,11 +183,9 @@ def codegen_workers() -> int:
 
 
 def unrolled_workers() -> int:
-    """$SPARSECNN_UNROLLED_WORKERS (int >= 0; default all the CPUs, 1 to 16; 0: none): worker
-    processes compiling unrolled kernels ahead of tuning. All, not half: its ptxas jobs are tuning's
-    longest (7-15 s per ResNet-50 layer, 209 s in all on a 16-core H200 host), while the codegen
-    pool's end early; with half, a cold ResNet-50 tuning waited 10 s for them after its last layer."""
-    return _workers(UNROLLED_WORKERS, share=1)
+    """$SPARSECNN_UNROLLED_WORKERS (int >= 0; default half the CPUs, 1 to 16; 0: none): worker
+    processes compiling unrolled kernels ahead of tuning."""
+    return _workers(UNROLLED_WORKERS)
 
 
 def dlmc_dir() -> Optional[Path]:

@@ -1,8 +1,8 @@
 """Worker processes that prepare backends' work ahead of tuning (block extraction, codegen compiles).
 
 "spawn" processes, never fork, as the parent may have initialised CUDA; at most `count()` of them
-(a `settings` accessor such as `settings.blocks_workers`; default half the CPUs, all for unrolled's
-long ptxas jobs, at most 16; 0: none), started as jobs arrive and niced, so that the tuning process keeps a core. Unlike a
+(a `settings` accessor such as `settings.blocks_workers`; default half the CPUs, at most 16; 0:
+none), started as jobs arrive and niced, so that the tuning process keeps a core. Unlike a
 DataLoader's workers they never run the caller's script (`_main_script_hidden`), so a script that
 tunes needs no `if __name__ == "__main__":` guard. A pool that fails to start or a worker that fails
 only means the caller does the work in-process: results never depend on where a job ran.
@@ -107,8 +107,8 @@ class WorkerPool:
     """A lazily started process pool and the jobs submitted to it, by key, until taken.
 
     what: the work, for log messages ("block extraction"); count() -> the worker count, asked when
-    the pool starts (a `settings` accessor: by default half the CPUs, or all of them, at most 16;
-    niced workers, so the tuning process keeps its core; 0: none); new_pool(workers) -> executor (tests
+    the pool starts (a `settings` accessor: by default half the CPUs, at most 16, so that two pools
+    fill the CPUs without oversubscribing them; 0: none); new_pool(workers) -> executor (tests
     inject pools that fail).
     """
 
