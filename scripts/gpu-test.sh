@@ -8,7 +8,8 @@
 #   chunks: generated (codegen, staged, unrolled tests), triton (the other backends' tests), rest
 #   (every other test folder), all (the three in turn), or one (every test folder at once: one
 #   parallel pass and one timing pass, for a machine whose call can take the whole suite)
-#   <hash>: `git rev-parse --short HEAD` of the tree sent (the device's copy of .git can be stale)
+#   <hash>: `git rev-parse --short HEAD` of the tree sent (the device's copy of .git can be stale); each
+#   log's first line also holds `scripts/tree-digest.sh` of the tree it ran on
 source "$(dirname "$0")/device-env.sh"
 unset TRITON_INTERPRET
 commit=${SPARSECNN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -54,7 +55,7 @@ run_chunk() {
     paths=$(chunk_paths "$chunk") || return 1
     log="$OUT/gpu-tests-$chunk-$commit.log"
     deadline=$((SECONDS + ${CHUNK_TIMEOUT_S:-540}))
-    : >"$log"
+    echo "tree: commit $commit, src/ and tests/ digest $(bash "$(dirname "$0")/tree-digest.sh")" >"$log"
     if [ "$workers" = 0 ]; then
         run_pass "$chunk" "gpu and not timing"
     else
