@@ -15,11 +15,12 @@ calls, GPU time alone). `tuning_rows`: cold tuning times (`tuning_time.py`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -249,7 +250,8 @@ def run_cells(cells: Sequence[Cell], setup: Setup, row, write: Callable[[List[di
     return said
 
 
-def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: str) -> List[dict]:
+def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: str,
+                around_cold: Callable[[], ContextManager] = contextlib.nullcontext) -> List[dict]:
     """`runs` tunings of `name` (`pruned`) as a user tunes it, `prepare_for_inference` + `sparsify_`
     with dtype=None (an fp32 model at PyTorch's defaults on CUDA: "fp32-default"), each from an
     empty decision cache on input N(0, 1) of (batch, 3, hw, hw); after run 1, a cached reload (the
@@ -258,13 +260,14 @@ def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: 
     "kept", "model_cached" (the whole-model decisions put back from the cache), "sparse_layers",
     "layers", "cache_hits" (layers decided from the cache), "worker_jobs" (seconds per worker pool:
     `core.workers.JobTimes`), "choices" (layer -> [chosen candidate, its ms, dense ms, candidates
-    timed])}."""
+    timed])}. around_cold: a context manager run 1's tuning runs in (e.g. a `stack_sampler.StackSampler`)."""
     given = pruned(name, setup).to(setup.device)
     x = torch.randn(batch, 3, setup.hw, setup.hw, device=setup.device)
     rows = []
     for index in range(1, runs + 1):
         with tempfile.TemporaryDirectory() as cache_dir:
-            rows.append(_tuning_row(given, x, cache_dir, index, name, env, run))
+            with (around_cold() if index == 1 else contextlib.nullcontext()):
+                rows.append(_tuning_row(given, x, cache_dir, index, name, env, run))
             if index == 1:
                 rows.append(_tuning_row(given, x, cache_dir, "reload", name, env, run))
     return rows

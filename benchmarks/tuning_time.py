@@ -4,29 +4,47 @@ empty decision cache, the model pruned as in `torchvision_cells.pruned` (random 
 convs magnitude-pruned to 0.9, BatchNorm calibrated).
 
 Usage (GPU machine, a script without a `__main__` guard on purpose):
-    python benchmarks/tuning_time.py OUT.jsonl BATCH RUNS MODEL...
+    python benchmarks/tuning_time.py OUT.jsonl BATCH RUNS MODEL... [--stacks DIR]
 Run 1 is fully cold (the process's first tuning: Triton compiles its kernels, or loads them from
 TRITON_CACHE_DIR when warm); then "reload" tunes the model again from run 1's decision cache (a user's
 cached reload); later runs find Triton's kernels compiled and time every candidate again.
 One JSON line per (model, run): `torchvision_cells.tuning_rows` (kind "tuning", median_ms null,
-config with the seconds of tuning and of each phase).
+config with the seconds of tuning and of each phase). --stacks DIR: run 1 under
+`stack_sampler.StackSampler`, its report in DIR/stacks-MODEL.txt (where each thread's wall time went).
 """
+import contextlib
 import json
 import sys
+from pathlib import Path
 
 import torch
+from stack_sampler import StackSampler
 from torchvision_cells import Setup, tuning_rows
 
 from sparsecnn.bench.env import environment, new_run_id
 
-if len(sys.argv) < 5:
+ARGS = sys.argv[1:]
+STACKS = None
+if "--stacks" in ARGS:
+    at = ARGS.index("--stacks")
+    if at + 1 >= len(ARGS):
+        raise SystemExit("--stacks needs a directory")
+    STACKS = Path(ARGS.pop(at + 1))
+    ARGS.pop(at)
+if len(ARGS) < 4:
     raise SystemExit(__doc__)
-OUT, BATCH, RUNS, MODELS = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+OUT, BATCH, RUNS, MODELS = ARGS[0], int(ARGS[1]), int(ARGS[2]), ARGS[3:]
 DEVICE = torch.device("cuda")
 ENV, RUN_ID = environment(DEVICE), new_run_id()
 
 for name in MODELS:
-    for row in tuning_rows(name, Setup(DEVICE), BATCH, RUNS, ENV, RUN_ID):
+    sampler = StackSampler()
+    rows = tuning_rows(name, Setup(DEVICE), BATCH, RUNS, ENV, RUN_ID,
+                       around_cold=(lambda: sampler) if STACKS else contextlib.nullcontext)
+    if STACKS:
+        STACKS.mkdir(parents=True, exist_ok=True)
+        (STACKS / f"stacks-{name}.txt").write_text(sampler.report() + "\n")
+    for row in rows:
         with open(OUT, "a") as out:
             out.write(json.dumps(row) + "\n")
         print(f"{name} N={BATCH} run {row['config']['run']}: {row['config']}", flush=True)

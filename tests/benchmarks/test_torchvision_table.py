@@ -1,6 +1,7 @@
 """benchmarks/torchvision_cells.py, the logic of torchvision_table.py: which cells it runs by default,
 and one cell end to end on the CPU (a small model instead of torchvision's, aot_eager instead of
 inductor): the model as given, it compiled, and ours through sparsecnn.compile, each row checked."""
+import contextlib
 import functools
 import itertools
 
@@ -82,7 +83,16 @@ def test_one_cell_times_the_given_model_it_compiled_and_ours_compiled(tmp_path, 
 
 def test_tuning_rows_time_each_cold_tuning_and_its_phases():
     setup = cells.Setup(torch.device("cpu"), load=_small, hw=16)
-    rows = cells.tuning_rows("small", setup, 2, 2, ENV, "run-2")
+    entered = []
+
+    @contextlib.contextmanager
+    def around_cold():
+        entered.append("in")
+        yield
+        entered.append("out")
+
+    rows = cells.tuning_rows("small", setup, 2, 2, ENV, "run-2", around_cold=around_cold)
+    assert entered == ["in", "out"]  # run 1 only
     assert [row["config"]["run"] for row in rows] == [1, "reload", 2]
     for row in rows:
         config = row["config"]
