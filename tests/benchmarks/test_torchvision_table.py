@@ -10,6 +10,8 @@ import torch
 from helpers.scripts import script_module
 from torch import nn
 
+from sparsecnn.backends import backend_names
+
 cells = script_module("torchvision_cells")
 ENV = {"device": "cpu", "commit": "abc1234", "torch": "2.13", "cudnn": None, "triton": "3.6.0", "driver": None,
        "date": "2026-12-01T10:00:00Z"}
@@ -102,8 +104,11 @@ def test_tuning_rows_time_each_cold_tuning_and_its_phases():
         assert ("model check" in config["phases_s"]) != config["model_cached"] == (config["run"] == "reload")
         assert config["layers"] == 3 and config["policy"] == "fp32"
         assert len(config["choices"]) == 3 and isinstance(config["worker_jobs"], dict)
-        for choice, choice_ms, dense_ms, timed in config["choices"].values():
+        for layer, (choice, choice_ms, dense_ms, timed) in config["choices"].items():
             assert isinstance(choice, str) and choice_ms > 0 and dense_ms > 0 and timed >= 1
+            fastest = config["backend_ms"][layer]
+            assert fastest["dense"] == dense_ms and all(ms > 0 for ms in fastest.values())
+            assert set(fastest) <= set(backend_names()) and len(fastest) <= timed
     assert [row["config"]["cache_hits"] for row in rows] == [0, 3, 0]
     assert ({layer: choice[0] for layer, choice in rows[1]["config"]["choices"].items()}
             == {layer: choice[0] for layer, choice in rows[0]["config"]["choices"].items()})
