@@ -261,7 +261,8 @@ def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: 
     "layers", "cache_hits" (layers decided from the cache), "worker_jobs" (seconds per worker pool:
     `core.workers.JobTimes`), "choices" (layer -> [chosen candidate, its ms, dense ms, candidates
     timed]), "backend_ms" (layer -> {backend: its fastest fully timed config's ms}: where a backend
-    lost, and by how much)}. around_cold: a context manager run 1's tuning runs in (e.g. a `stack_sampler.StackSampler`)."""
+    lost, and by how much)}. around_cold: a context manager run 1's tuning runs in (e.g. a
+    `stack_sampler.StackSampler`)."""
     given = pruned(name, setup).to(setup.device)
     x = torch.randn(batch, 3, setup.hw, setup.hw, device=setup.device)
     rows = []
@@ -274,13 +275,8 @@ def tuning_rows(name: str, setup: Setup, batch: int, runs: int, env: dict, run: 
     return rows
 
 
-def _fastest_per_backend(times_ms: Dict[str, float]) -> Dict[str, float]:
-    """{backend: the least of its candidates' ms} from a layer's {candidate label: ms}."""
-    fastest: Dict[str, float] = {}
-    for label, ms in times_ms.items():
-        backend = label.split("[", 1)[0]
-        fastest[backend] = round(min(ms, fastest.get(backend, ms)), 4)
-    return fastest
+def _rounded(times_ms: Dict[str, float]) -> Dict[str, float]:
+    return {name: round(ms, 4) for name, ms in times_ms.items()}
 
 
 def _tuning_row(given: torch.nn.Module, x: torch.Tensor, cache_dir: str, label, name: str, env: dict,
@@ -301,6 +297,6 @@ def _tuning_row(given: torch.nn.Module, x: torch.Tensor, cache_dir: str, label, 
               "worker_jobs": report.worker_jobs,
               "choices": {layer.name: [layer.choice, round(layer.time_ms, 4), round(layer.dense_ms, 4),
                                        len(layer.times_ms)] for layer in report.layers},
-              "backend_ms": {layer.name: _fastest_per_backend(layer.times_ms) for layer in report.layers}}
+              "backend_ms": {layer.name: _rounded(layer.fastest_per_backend()) for layer in report.layers}}
     return {**result_row(env, run, Cell(name, "fp32", x.shape[0]), "auto", "cudagraph", {"median_ms": None}, None,
                          config), "kind": "tuning"}

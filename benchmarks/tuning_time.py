@@ -12,9 +12,9 @@ One JSON line per (model, run): `torchvision_cells.tuning_rows` (kind "tuning", 
 config with the seconds of tuning and of each phase). --stacks DIR: run 1 under
 `stack_sampler.StackSampler`, its report in DIR/stacks-MODEL.txt (where each thread's wall time went).
 """
+import argparse
 import contextlib
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -23,17 +23,14 @@ from torchvision_cells import Setup, tuning_rows
 
 from sparsecnn.bench.env import environment, new_run_id
 
-ARGS = sys.argv[1:]
-STACKS = None
-if "--stacks" in ARGS:
-    at = ARGS.index("--stacks")
-    if at + 1 >= len(ARGS):
-        raise SystemExit("--stacks needs a directory")
-    STACKS = Path(ARGS.pop(at + 1))
-    ARGS.pop(at)
-if len(ARGS) < 4:
-    raise SystemExit(__doc__)
-OUT, BATCH, RUNS, MODELS = ARGS[0], int(ARGS[1]), int(ARGS[2]), ARGS[3:]
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("out")
+parser.add_argument("batch", type=int)
+parser.add_argument("runs", type=int)
+parser.add_argument("models", nargs="+")
+parser.add_argument("--stacks", type=Path, help="directory for the stack sampler's report of each cold run")
+ARGS = parser.parse_args()
+OUT, BATCH, RUNS, MODELS, STACKS = ARGS.out, ARGS.batch, ARGS.runs, ARGS.models, ARGS.stacks
 DEVICE = torch.device("cuda")
 ENV, RUN_ID = environment(DEVICE), new_run_id()
 

@@ -26,18 +26,15 @@ def _layout(tensor):
     return "NHWC" if tensor.is_contiguous(memory_format=torch.channels_last) and not tensor.is_contiguous() else "NCHW"
 
 
-def _fastest_per_backend(times_ms):
-    best = {}
-    for label, ms in times_ms.items():
-        backend = label.split("[")[0]
-        best[backend] = min(ms, best.get(backend, ms))
-    return " ".join(f"{backend} {ms * 1e3:.1f}" for backend, ms in sorted(best.items(), key=lambda item: item[1]))
+def _fastest_per_backend(result):
+    fastest = sorted(result.fastest_per_backend().items(), key=lambda item: item[1])
+    return " ".join(f"{backend} {ms * 1e3:.1f}" for backend, ms in fastest)
 
 
 def traced(self, name, layer, x, residual):
     result = _tune(self, name, layer, x, residual)
     seen.append((name, _layout(x), _layout(residual), result.choice[:70], round(result.time_ms * 1e3, 1),
-                 round(result.dense_ms * 1e3, 1), _fastest_per_backend(result.times_ms)))
+                 round(result.dense_ms * 1e3, 1), _fastest_per_backend(result)))
     return result
 
 

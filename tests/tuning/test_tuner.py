@@ -417,6 +417,14 @@ def test_policies_offer_only_the_precisions_they_allow(device_type):
     assert all(Candidate("dense-fused") in offered[name] for name in ("fp32", "fp16"))
 
 
+def test_a_layer_result_gives_each_backends_fastest_benchmarked_time():
+    spec = ConvSpec(1, 3, 8, 8, 8, 3, 3)
+    times = {"dense": 0.5, "direct[a]": 0.4, "direct[b]": 0.3, "codegen[x[1]]": 0.6}
+    layer = LayerResult("conv", spec, "direct", None, "direct[b]", 0.3, 0.5, times, {}, "tuned")
+    assert layer.fastest_per_backend() == {"dense": 0.5, "direct": 0.3, "codegen": 0.6}
+    assert LayerResult("conv", spec, "dense", None, "dense", 0.5, 0.5, {}, {}, "hit").fastest_per_backend() == {}
+
+
 def test_summary_table_lists_choice_time_speedup_and_share():
     spec = ConvSpec(1, 3, 8, 8, 8, 3, 3)
     layers = [LayerResult("features.0", spec, "direct", None, "direct[cfg]", 0.3, 0.6, {}, {}, "tuned"),

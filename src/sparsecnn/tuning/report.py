@@ -38,6 +38,15 @@ class LayerResult:
     def speedup(self) -> float:
         return self.dense_ms / self.time_ms
 
+    def fastest_per_backend(self) -> Dict[str, float]:
+        """{backend: the least median ms of its fully benchmarked candidates} (`times_ms`, whose
+        labels are "backend" or "backend[config]")."""
+        fastest: Dict[str, float] = {}
+        for label, ms in self.times_ms.items():
+            backend = label.split("[", 1)[0]
+            fastest[backend] = min(ms, fastest.get(backend, ms))
+        return fastest
+
 
 def _shape(spec: ConvSpec) -> str:
     return (f"{spec.N}x{spec.C}x{spec.H}x{spec.W} -> {spec.K}, {spec.R}x{spec.S}/{spec.stride[0]}"
