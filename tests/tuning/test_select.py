@@ -61,3 +61,18 @@ def test_only_ptxas_is_asked_for_unrolled(monkeypatch, fresh_messages):
     monkeypatch.setattr(toolchain, "find_tool", lambda name: "/opt/cuda/bin/ptxas" if name == "ptxas" else None)
     monkeypatch.setattr(cubin_loader, "missing_loader", lambda: None)
     assert GENERATED & _offered(SPECS[0]) == {"unrolled"}
+
+
+def test_staged_is_tried_unasked_only_where_no_tf32_candidate_is(monkeypatch, fresh_messages):
+    """`auto_with_tf32=False` (staged: no layer won against cuDNN TF32 in measured tunings): absent
+    from `auto` under the TF32 policies, offered under exact fp32 and whenever it is named."""
+    monkeypatch.setattr(toolchain, "find_tool", lambda name: f"/opt/cuda/bin/{name}")
+    monkeypatch.setattr(cubin_loader, "missing_loader", lambda: None)
+    spec = ConvSpec(32, 64, 128, 56, 56, 3, 3, 1, 1)
+    backends = {name: {c.backend for c in select.candidates_for(spec, resolve_policy(name, torch.float32), "cuda")}
+                for name in ("fp32", "fp32-default", "tf32")}
+    assert "staged" in backends["fp32"]
+    assert "staged" not in backends["fp32-default"] | backends["tf32"]
+    assert {"codegen", "unrolled", "direct"} & backends["fp32-default"]  # the others stay
+    named = select.candidates_for(spec, resolve_policy("fp32-default", torch.float32), "cuda", backends=["staged"])
+    assert any(c.backend == "staged" for c in named)

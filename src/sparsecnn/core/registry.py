@@ -88,6 +88,9 @@ class Backend:
     runs); e.g. a Triton backend runs on CPU only in the interpreter, for tests.
     auto_configs(spec, dtype), optional: the configs `backend="auto"` tries when the backend is
     not named (None: all of `configs`); for backends whose every config costs work per layer.
+    auto_with_tf32: whether `backend="auto"` tries it under a policy that offers TF32 (where cuDNN's
+    TF32 tensor cores are a candidate); False for an fp32 CUDA-core backend measured to win no layer
+    there, so that tuning does not compile its kernels for nothing (named, it is still tried).
     weight_configs(weight, configs), optional: of those auto configs, the ones worth timing for
     this (K, C, R, S) weight with zeros, by a cost model (the tuner measures among the kept ones;
     none: the backend is not timed on this layer).
@@ -134,6 +137,7 @@ class Backend:
     config_from_dict: Callable[[dict], Any] = lambda saved: None
     autotune_devices: Optional[Tuple[str, ...]] = None
     auto_configs: Optional[Callable[[ConvSpec, torch.dtype], List[Any]]] = None
+    auto_with_tf32: bool = True
     weight_configs: Optional[Callable[[torch.Tensor, List[Any]], List[Any]]] = None
     prefetch: Optional[Callable[..., None]] = None
     bind_relu: Optional[BindFn] = None

@@ -67,8 +67,9 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
     """Every (backend, config) that runs `spec` at the policy's dtype on `device_type`.
 
     The dense backends are always included. Without an explicit `backends` list, a backend is
-    skipped on devices outside its `autotune_devices` and offers only its `auto_configs`, and of
-    those, given the layer's masked `weight`, only the ones its `weight_configs` keeps. TF32
+    skipped on devices outside its `autotune_devices` and, under a policy offering TF32, unless
+    `auto_with_tf32`; it offers only its `auto_configs`, and of those, given the layer's masked
+    `weight`, only the ones its `weight_configs` keeps. TF32
     candidates (a `dense-tf32` backend, and for fp32 the "tf32" variant of every config with a
     `precision` field) appear only when the policy allows TF32. A backend whose `machine_check`
     fails (no compiler, no kernel loader) is left out, with one warning per process and reason.
@@ -79,6 +80,8 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
     for name in dict.fromkeys(names):
         backend = get_backend(name)
         if backends is None and backend.autotune_devices is not None and device_type not in backend.autotune_devices:
+            continue
+        if backends is None and policy.allow_tf32 and not backend.auto_with_tf32:
             continue
         if backend.unsupported_reason(spec, policy.dtype, device_type) is not None:
             continue

@@ -10,6 +10,9 @@ A kernel is compiled on its first call (nvcc and ptxas, about 1 s; ResNet-50 at 
 geometry x config kernels). `prefetch` compiles them ahead of tuning in worker processes
 ($SPARSECNN_CODEGEN_WORKERS), into the disk cache where the first call finds them; `bind` takes
 the job (its times go to the report), and a job that failed only means compiling on the first call.
+`auto` tries it only under exact fp32: where cuDNN runs TF32 (PyTorch's default for fp32) it won
+no layer in any measured tuning (RESULTS.md, "Cold tuning time"), while its compiles took a share of
+cold tuning's CPU.
 """
 from __future__ import annotations
 
@@ -104,6 +107,7 @@ STAGED = register_backend(Backend(
     spec_check=_spec_check,
     configs=lambda spec, dtype: _kernels().candidate_configs(spec),
     auto_configs=lambda spec, dtype: _kernels().auto_configs(spec),
+    auto_with_tf32=False,
     config_from_dict=lambda saved: _kernels().StagedConfig.from_dict(saved),
     batch_inner=lambda config: True,
     machine_check=generated_machine_check("nvcc", "ptxas"),
