@@ -81,7 +81,9 @@ def test_search_takes_the_first_plan_within_the_budget_and_loads_it():
     assert not model.conv2.weight[~chosen["conv2"]].any()
     assert chosen["conv2"].float().mean().item() == pytest.approx(0.1, abs=0.03)  # C = 20: units of 8, 8 and 4
     assert partial_units(chosen["conv2"], 16, 8) <= 1  # whole units, but for the kept count's last
-    assert "kept [conv2 16x8]" in report.summary()
+    assert "kept [conv2 16x8]" in report.summary() and "gains" not in report.summary()  # none measured
+    report.gains = {"conv1": {}, "conv2": {(16, 16): 1.5, (16, 8): 1.25}}
+    assert report.summary().endswith("; tensorcore gains over dense: conv2 16x16 1.50x, 16x8 1.25x")
 
 
 def test_search_keeps_the_unstructured_model_when_no_plan_is_within_the_budget():
@@ -199,6 +201,7 @@ def test_cli_reprune_select_takes_unit_shapes(tmp_path, monkeypatch, caplog):
     _, masks, _ = load_pruned(output)
     assert partial_units(masks["conv2"], 16, 16) > 1  # magnitude masks, not units
     assert "tried none (no shape qualified); no plan within the budget" in caplog.text
+    assert "tensorcore gains over dense: conv1 16x16 0.90x, 16x8 0.90x; conv2 16x16 0.90x" in caplog.text
 
 
 def test_cli_unit_shapes_take_steps():
