@@ -415,6 +415,9 @@ def test_policies_offer_only_the_precisions_they_allow(device_type):
     assert Candidate("dense-channels-last") in offered["fp16"]
     assert not any(c.backend == "dense-channels-last" for c in offered["fp32"])
     assert all(Candidate("dense-fused") in offered[name] for name in ("fp32", "fp16"))
+    default = candidates_for(spec, POLICIES["fp32-default"], device_type)  # dense convs run TF32 already
+    assert Candidate("dense") in default and Candidate("dense-tf32") not in default
+    assert {c for c in offered["tf32"] if c.backend != "dense-tf32"} == set(default)
 
 
 def test_a_layer_result_gives_each_backends_fastest_benchmarked_time():

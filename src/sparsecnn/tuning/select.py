@@ -14,7 +14,7 @@ from sparsecnn.backends import backend_names, config_to_dict, get_backend
 from sparsecnn.core.reference import reference_conv, relative_error
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.tuning.phases import PhaseClock
-from sparsecnn.tuning.precision import PrecisionPolicy, tf32_variant, uses_tf32
+from sparsecnn.tuning.precision import TF32_BACKENDS, PrecisionPolicy, tf32_variant, uses_tf32
 from sparsecnn.tuning.timing import benchmark, eager_wall_ms, time_one_call
 
 _LOG = logging.getLogger("sparsecnn.tuning.select")
@@ -71,7 +71,8 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
     `auto_with_tf32`; it offers only its `auto_configs`, and of those, given the layer's masked
     `weight`, only the ones its `weight_configs` keeps. TF32
     candidates (a `dense-tf32` backend, and for fp32 the "tf32" variant of every config with a
-    `precision` field) appear only when the policy allows TF32. A backend whose `machine_check`
+    `precision` field) appear only when the policy allows TF32; `dense-tf32` not where the policy
+    runs dense convs in TF32 already (`dense_tf32`: "fp32-default"), whose `dense` is the same kernel. A backend whose `machine_check`
     fails (no compiler, no kernel loader) is left out, with one warning per process and reason.
     """
     names = backend_names() if backends is None else [*DENSE_BACKENDS, *backends]
@@ -82,6 +83,8 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
         if backends is None and backend.autotune_devices is not None and device_type not in backend.autotune_devices:
             continue
         if backends is None and policy.allow_tf32 and not backend.auto_with_tf32:
+            continue
+        if policy.dense_tf32 and name in TF32_BACKENDS:  # `dense` runs the same TF32 kernel under this policy
             continue
         if backend.unsupported_reason(spec, policy.dtype, device_type) is not None:
             continue
