@@ -641,6 +641,20 @@ def test_tuning_times_the_packings_of_least_work():
 
 
 @needs_interpreter
+def test_a_first_layer_of_three_channels_is_timed_where_its_taps_are_tile_pruned():
+    """conv1-like (64, 3, 7, 7): each unit runs 16 channels for 3, so the cut compares with the dense
+    work at 16 channels: 10% of the taps per 64-channel tile is kept; unstructured 90% (every tap of
+    every tile holds a non-zero) is not."""
+    from sparsecnn.backends.tensorcore.kernel import least_work_configs
+
+    spec = ConvSpec(32, 3, 64, 224, 224, 7, 7, 2, 3)
+    configs = auto_configs(spec, torch.float16)
+    assert least_work_configs(channel_run_tiles(64, 3, 7, 7, 64, 32, keep=0.1, seed=3), configs)
+    unstructured = torch.randn(64, 3, 7, 7) * (torch.rand(64, 3, 7, 7) < 0.1)
+    assert least_work_configs(unstructured, configs) == []
+
+
+@needs_interpreter
 def test_auto_tuning_offers_only_the_configs_the_weight_keeps(monkeypatch):
     """`candidates_for` with the layer's weight hands a backend's auto configs to its `weight_configs`;
     named backends (an explicit list) and calls without a weight get every config."""
