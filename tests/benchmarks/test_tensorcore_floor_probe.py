@@ -2,20 +2,15 @@
 floor kernels compute what their reference says on odd shapes, and the probe writes its rows and
 summary (the speeds are meaningless here; the values are not)."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from helpers.common import needs_interpreter, require
-from helpers.scripts import script_module
+from helpers.scripts import run_script, script_module
 
 from sparsecnn.core.reference import relative_error
 from sparsecnn.core.spec import ConvSpec
 
-ROOT = Path(__file__).resolve().parents[2]
 SPECS = [ConvSpec(2, 3, 33, 13, 13, 3, 3, 1, 1),      # C=3, K=33 (two groups, the second of 1 channel)
          ConvSpec(1, 130, 160, 14, 14, 1, 1, 2, 0),   # strided 1x1, a channel share off the block
          ConvSpec(3, 96, 64, 9, 7, 3, 3, 2, 1)]       # strided 3x3 on a non-square input
@@ -51,10 +46,7 @@ def test_the_floor_refuses_layouts_and_layers_it_does_not_model(floor_kernels):
 def test_the_probe_times_cudnn_ours_and_the_floors_and_sums_them_up(tmp_path):
     require("dlmc")
     out = tmp_path / "rows.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "tensorcore_floor_probe.py", str(out), "1", "fp16", "layer4.1.conv2"],
-                          cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_script("tensorcore_floor_probe", tmp_path, out, 1, "fp16", "layer4.1.conv2", timeout_s=600)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     backends = [row["backend"] for row in rows]
     assert backends[0] == "cudnn" and backends[-3:] == ["launch-only", "floor", "floor-indexed"]
