@@ -1,14 +1,17 @@
 """The least a one-kernel sparse layer must do, as Triton kernels on the `tensorcore` backend's
 grid (programs = pixel tiles of BLOCK_M output pixels x groups of BLOCK_K output channels): launch,
 read the input it needs once, write its output once, and (with `indexed`) load its group's unit row
-before the input, the one dependent load a kernel whose units are data cannot avoid. No MMA: the
-time of these kernels is a floor under any kernel that reads and writes the same bytes with the same
-dependency chain (`tensorcore_floor_probe.py` times them beside cuDNN and `tensorcore`).
+before the input, the one dependent load a kernel whose units are data cannot avoid. No MMA. Meant
+as a floor under any kernel that reads and writes the same bytes with the same dependency chain; as
+written they are not one: on an H200 they ran slower than `tensorcore` itself on most DLMC layers
+(RESULTS.md; this channel-share reduction reads narrow rows per program). Only the
+launch-only kernel's time bounds anything (`tensorcore_floor_probe.py` times them beside cuDNN and
+`tensorcore`).
 
 Each program (m, g) reads, for its BLOCK_M output pixels, the input pixel under the kernel's centre
 tap, channels [g * share, (g + 1) * share) (share = ceil(C / groups)), so that over all groups
 every needed input value of a stride-1 layer is read once (a strided 3x3 layer reads fewer than its
-taps need: still a floor); it writes y[m, k] = the sum of its channels for every k of its group.
+taps need); it writes y[m, k] = the sum of its channels for every k of its group.
 """
 import torch
 import triton

@@ -7,8 +7,9 @@ Per layer, in one run, L2 flushed, GPU time (launches hidden), the harness of th
 - "launch-only": a kernel of the tensorcore grid whose programs do nothing;
 - "floor": `floor_kernels.floor_layer`, the grid reading the input once and writing the output
   once, no MMA; "floor-indexed": the same after one dependent load per program (a unit row).
-The last lines give, per layer and as geomeans, cuDNN over each floor (the most any kernel with that
-traffic and chain could gain) and our time over the indexed floor (how far the kernel is from it).
+The last lines give, per layer and as geomeans, cuDNN over each floor and our time over the indexed
+floor. The traffic kernels turned out slower than ours (RESULTS.md, "A floor probe that is not a
+floor"): read those ratios as a comparison, not a bound; launch-only is the one lower bound here.
 
 Usage: python benchmarks/tensorcore_floor_probe.py OUT.jsonl BATCH [DTYPE] [LAYER,...|all]
 On the CPU (TRITON_INTERPRET=1) it runs as a smoke test: one call's wall time, meaningless as a speed.
