@@ -87,7 +87,8 @@ class UnitSelectionReport:
         tried = "; ".join(f"[{text(plan)}]: {top1:.2f}%" for plan, top1 in self.trials) or "none (no shape qualified)"
         chosen = f"kept [{text(self.plan)}]" if self.plan is not None else \
             "no plan within the budget: unstructured masks kept"
-        gains = "; ".join(f"{conv} " + ", ".join(f"{tile}x{chunk} {gain:.2f}x" for (tile, chunk), gain in shapes.items())
+        gains = "; ".join(f"{conv} " + ", ".join(f"{tile}x{chunk} {gain:.2f}x"
+                                                 for (tile, chunk), gain in shapes.items())
                           for conv, shapes in self.gains.items() if shapes)
         measured = f"; tensorcore gains over dense: {gains}" if gains else ""
         return f"held-out top-1 {self.baseline_top1:.2f}% unstructured; tried {tried}; {chosen}{measured}"

@@ -69,11 +69,11 @@ def candidates_for(spec: ConvSpec, policy: PrecisionPolicy, device_type: str,
     The dense backends are always included. Without an explicit `backends` list, a backend is
     skipped on devices outside its `autotune_devices` and, under a policy offering TF32, unless
     `auto_with_tf32`; it offers only its `auto_configs`, and of those, given the layer's masked
-    `weight`, only the ones its `weight_configs` keeps. TF32
-    candidates (a `dense-tf32` backend, and for fp32 the "tf32" variant of every config with a
-    `precision` field) appear only when the policy allows TF32; `dense-tf32` not where the policy
-    runs dense convs in TF32 already (`dense_tf32`: "fp32-default"), whose `dense` is the same kernel. A backend whose `machine_check`
-    fails (no compiler, no kernel loader) is left out, with one warning per process and reason.
+    `weight`, only the ones its `weight_configs` keeps. TF32 candidates (a `dense-tf32` backend, and
+    for fp32 the "tf32" variant of every config with a `precision` field) appear only when the policy
+    allows TF32; `dense-tf32` not where the policy runs dense convs in TF32 already (`dense_tf32`),
+    whose `dense` is the same kernel. A backend whose `machine_check` fails (no compiler, no kernel
+    loader) is left out, with one warning per process and reason.
     """
     names = backend_names() if backends is None else [*DENSE_BACKENDS, *backends]
     found: List[Candidate] = []

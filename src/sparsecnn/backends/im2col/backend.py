@@ -81,9 +81,9 @@ IM2COL_CUBLAS = register_backend(Backend(
     prepare=lambda weight, config: weight.reshape(weight.shape[0], -1).contiguous(),
     bind=_gemm_bind,
     spec_check=_groups_one,
-    # On CUDA it won no layer in 94 recorded GPU tunings (4,229 layer choices, RESULTS.md "Cold tuning
-    # time"), while each layer paid its first call (an im2col buffer of up to hundreds of MB), probe
-    # and often a benchmark: `auto` tries it on the CPU only; name it in `backends=` to time it on CUDA.
+    # On CUDA it won no layer in the recorded GPU tunings (RESULTS.md, "Cold tuning time") while each
+    # layer paid its first call (a large im2col buffer) and probe: `auto` tries it on the CPU only;
+    # name it in `backends=` to time it on CUDA.
     autotune_devices=("cpu",),
 ))
 

@@ -341,10 +341,9 @@ def least_work_configs(weight: torch.Tensor, configs: List[TensorCoreConfig]) ->
     on 13 of 16 fp16 and bf16 layers and 12 of 16 at N=1, and within 7% elsewhere (where 128 x 32
     or 64 x 64, padding 1.5-2x the work, won). Among the packings of least work the fastest differs
     by dtype (64 x 32 in fp16, 32 x 32 in TF32), so all of them stay. Each packing left out saves
-    its compiles in tuning. The dense work counts C rounded up to the smallest chunk (16), as the
-    reduction runs it: ResNet-50's conv1 (C = 3) in channel-run tiles keeps about 10% of its taps per
-    group, 54% of its 3-channel work but 10% of the 16-channel work its units run, so it is timed (its
-    alternatives there are not cuDNN's tensor cores but `codegen`). weight: (K, C, R, S) with zeros."""
+    its compiles in tuning. The dense work counts C rounded up to the smallest chunk, as the reduction
+    runs it, so a layer of few channels (ResNet-50's conv1, C = 3) is judged against the work its
+    units really run. weight: (K, C, R, S) with zeros."""
     work = {packing: padded_work(weight, *packing[:2]) for packing in dict.fromkeys(c.packing for c in configs)}
     least = min(work.values())
     K, C, R, S = weight.shape
