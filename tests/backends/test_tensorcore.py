@@ -157,7 +157,7 @@ def test_config_checks_and_candidates():
     config = TensorCoreConfig()
     assert TensorCoreConfig.from_dict(dataclasses.asdict(config)) == config
     for field, bad in [("order", "given"), ("group", 24), ("chunk", 8), ("block_m", 48), ("num_warps", 2), ("num_stages", 1),
-                       ("precision", "tf32x3"), ("group", True), ("loads", "cp.async")]:
+                       ("precision", "tf32x2"), ("group", True), ("loads", "cp.async")]:
         with pytest.raises(ValueError, match=f"TensorCoreConfig.{field}"):
             TensorCoreConfig(**{field: bad})
     with pytest.raises(ValueError, match="block_m must be one of .64, 128. with loads='tma'"):
@@ -191,7 +191,7 @@ def test_auto_configs_one_launch_per_packing_and_tf32_only_for_fp32():
     index_packings = {c.packing for c in candidate_configs(spec, torch.float16) if c.order == "index"}
     assert len(half) == 5 and {c.packing for c in half} == index_packings
     assert all(c.precision == "ieee" and c.loads == "pointer" and c.unroll == 1 for c in half)
-    assert {c.precision for c in auto_configs(spec, torch.float32)} == {"tf32"}
+    assert {c.precision for c in auto_configs(spec, torch.float32)} == {"tf32", "tf32x3"}
 
 
 @pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="imports triton")
@@ -224,7 +224,7 @@ def test_unrolled_launches_fit_shared_memory():
     assert ((64, 64) in unrolled_packings(torch.float16)) == (limit >= 192 * 1024)  # Hopper: 227 KB
 
 
-def test_tuner_offers_tensorcore_in_fp32_only_where_tf32_is_allowed():
+def test_tuner_offers_tensorcore_tf32_only_where_tf32_is_allowed_and_3xtf32_under_every_fp32_policy():
     if not (INTERPRET or torch.cuda.is_available()):
         pytest.skip("imports triton")
     from sparsecnn.tuning.precision import POLICIES
@@ -233,8 +233,8 @@ def test_tuner_offers_tensorcore_in_fp32_only_where_tf32_is_allowed():
     spec = ConvSpec(32, 256, 256, 56, 56, 3, 3, 1, 1)
     def picked(policy):
         return [c.config for c in candidates_for(spec, POLICIES[policy], "cuda") if c.backend == "tensorcore"]
-    assert picked("fp32") == []
-    assert {c.precision for c in picked("tf32")} == {"tf32"} and len(picked("tf32")) == 5
+    assert {c.precision for c in picked("fp32")} == {"tf32x3"} and len(picked("fp32")) == 5
+    assert {c.precision for c in picked("tf32")} == {"tf32", "tf32x3"} and len(picked("tf32")) == 10
     assert len(picked("fp16")) == 5
 
 
@@ -277,6 +277,17 @@ def test_kernel_every_tile_shape_with_residual_and_relu(config):
     residual = inputs((N, K, H, H), seed=5)
     y = unit_conv(x, packed, (1, 1), (1, 1), config, bias=bias, residual=residual, relu=True)
     assert relative_error(y, expected(x, weight, bias, 1, 1, relu=True, residual=residual)) < 1e-5
+
+
+@needs_interpreter
+@pytest.mark.parametrize("loads", ["pointer", "tma"])
+def test_3xtf32_configs_run_in_fp32(loads):
+    """precision "tf32x3" reaches tl.dot (exact in the interpreter; fp32-level on tensor cores: GPU tests)."""
+    config = TensorCoreConfig(group=16, chunk=16, block_m=64, order="index", loads=loads, precision="tf32x3")
+    weight = unit_weight(24, 16, 3, 3, 16, 16, keep=0.4)
+    x, bias = inputs((2, 16, 9, 9)), torch.randn(24)
+    y = unit_conv(x, pack_units(weight, 16, 16, "index"), (1, 1), (1, 1), config, bias=bias, relu=True)
+    assert relative_error(y, expected(x, weight, bias, 1, 1, relu=True)) < 1e-5
 
 
 TMA_SHAPES = [  # (N, C, K, H, W, R, padding): stride 1; C=12 (48-byte rows) is past TMA in fp16 only
@@ -423,7 +434,8 @@ def test_shortcut_op_passes_opcheck():
 
 # --- GPU ------------------------------------------------------------------------------------------
 
-GPU_MODES = [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.float16, "ieee"), (torch.bfloat16, "ieee")]
+GPU_MODES = [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.float32, "tf32x3"), (torch.float16, "ieee"),
+             (torch.bfloat16, "ieee")]
 GPU_SHAPES = [  # (N, C, K, H, R, stride, padding)
     (3, 3, 33, 13, 3, 1, 1), (1, 24, 40, 13, 1, 2, 0), (2, 64, 96, 14, 3, 2, 1), (1, 32, 33, 9, 7, 1, 3),
     (2, 48, 64, 11, 5, 3, 2), (0, 16, 16, 7, 3, 1, 1),
@@ -440,8 +452,8 @@ def tf32_rounding_error(x, weight, bias, stride, padding):
 
 
 def gpu_limit(x, weight, bias, stride, padding, precision):
-    """fp32 exact: 1e-5; TF32: 2x the TF32 rounding's own error; fp16/bf16: 2x cuDNN's own error."""
-    if x.dtype == torch.float32 and precision == "ieee":
+    """fp32 exact and 3xTF32: 1e-5; TF32: 2x the TF32 rounding's own error; fp16/bf16: 2x cuDNN's own error."""
+    if x.dtype == torch.float32 and precision in ("ieee", "tf32x3"):
         return 1e-5
     if x.dtype == torch.float32:
         return 2 * tf32_rounding_error(x, weight, bias, stride, padding) + 1e-5
@@ -483,8 +495,9 @@ def check_gpu_layer(shape, dtype, config, epilogues):
 def test_gpu_every_candidate_config(dtype, precision):
     """Every config the tuner may pick (all packings on this layer), with residual and ReLU."""
     shape = (2, 64, 96, 14, 3, 2, 1)
-    for config in candidate_configs(gpu_spec(shape), dtype):
-        check_gpu_layer(shape, dtype, dataclasses.replace(config, precision=precision), [(True, True)])
+    configs = candidate_configs(gpu_spec(shape), dtype)
+    for config in dict.fromkeys(dataclasses.replace(c, precision=precision) for c in configs):
+        check_gpu_layer(shape, dtype, config, [(True, True)])
 
 
 @gpu

@@ -32,7 +32,7 @@ GROUPS = (16, 32, 64, 128)
 CHUNKS = (16, 32, 64)  # tl.dot needs a reduction step of at least 16 for fp16/bf16
 BLOCK_MS = (32, 64, 128, 256)
 UNROLLS = (1, 2, 4)
-PRECISIONS = ("ieee", "tf32")
+PRECISIONS = ("ieee", "tf32", "tf32x3")
 LOADS = ("pointer", "tma")
 
 
@@ -41,8 +41,9 @@ class TensorCoreConfig:
     """group: output channels per program (MMA N), one of GROUPS; chunk: input channels per unit
     (MMA K step), one of CHUNKS; block_m: output pixels per program (MMA M), one of BLOCK_MS;
     num_warps 4 or 8; num_stages 2-5 (shared-memory pipeline depth); precision: how fp32 inputs
-    are multiplied, "ieee" (exact, FMA units) or "tf32" (tensor cores, inputs rounded to TF32, as
-    PyTorch's default convolutions); fp16/bf16 always run on tensor cores and carry "ieee";
+    are multiplied, "ieee" (exact, FMA units), "tf32" (tensor cores, inputs rounded to TF32, as
+    PyTorch's default convolutions may) or "tf32x3" (tensor cores, each input split into two TF32
+    parts, three MMAs: fp32-level error); fp16/bf16 always run on tensor cores and carry "ieee";
     order: how output channels are grouped (`format.pack_units`), "support" (fewest units, stores
     through a channel map) or "index" (channel runs, contiguous stores); loads: how operands reach
     shared memory, "pointer" (this module's kernel: gathered rows of BLOCK_M flattened pixels) or
@@ -214,7 +215,7 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
     shortcut = _checked_shortcut(shortcut, shortcut_stride, packed, x, shape)
     if M == 0:
         return y
-    precision = "tf32" if x.dtype == torch.float32 and config.precision == "tf32" else "ieee"
+    precision = config.precision if x.dtype == torch.float32 else "ieee"
     pdl = dependent_launch(x)
     if shortcut is None and config.loads == "tma" and tma_eligible(x, residual, packed.kernel_shape, stride,
                                                                    packed.chunk, packed.group, packed.permuted):
@@ -308,8 +309,8 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     measured), with every launch of _LAUNCHES; index-order packings at _SMALL_GRID_LAUNCH where the
     layer has fewer pixel tiles than the GPU has SMs and the operands fit shared memory; then, where
     `tma_kernel.tma_shape_ok` holds for the layer in `dtype`, each index-order packing through the
-    TMA kernel at _TMA_LAUNCHES. fp32
-    configs carry "ieee" (the tuner adds "tf32" variants where the precision policy allows)."""
+    TMA kernel at _TMA_LAUNCHES. fp32 configs come twice, "ieee" and "tf32x3" (the tuner adds "tf32"
+    variants where the precision policy allows)."""
     groups = max(16, 1 << (spec.K - 1).bit_length())
     chunks = max(16, 1 << (spec.C - 1).bit_length())
     packings = list(dict.fromkeys((min(g, groups), min(c, chunks)) for g, c in _PACKINGS))
@@ -322,6 +323,8 @@ def candidate_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
                     if _operands_fit(block_m, g, c, stages, unroll, itemsize)]
     configs += [TensorCoreConfig(g, c, m, w, st, order="index", loads="tma") for g, c in packings
                 if tma_shape_ok(spec.C, spec.K, spec.stride, itemsize, c, g) for m, w, st in _TMA_LAUNCHES]
+    if dtype == torch.float32:  # 3xTF32: fp32-level error on tensor cores, for every fp32 policy
+        configs += [dataclasses.replace(config, precision="tf32x3") for config in configs]
     return list(dict.fromkeys(configs))
 
 
@@ -363,8 +366,10 @@ def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
     most frequent winner, within 1% elsewhere), so tuning a model costs one compile per packing
     that `least_work_configs` keeps for the layer's weight, and at _SMALL_GRID_LAUNCH where
     `candidate_configs` offers it (a second compile per packing); for
-    fp32 only the TF32 variants (exact fp32 on FMA units never beat cuDNN), which the tuner offers
-    only under a policy that allows TF32. TMA configs are left out (within 9% of the pointer
+    fp32 the TF32 variants, which the tuner offers only under a policy that allows TF32, and the 3xTF32
+    ones (fp32-level error: offered under every fp32 policy, e.g. where PyTorch's default fp32 convs
+    run cuDNN's exact algorithms and a TF32 kernel's error is over twice theirs); never exact fp32 on
+    FMA units, which never beat cuDNN. TMA configs are left out (within 9% of the pointer
     kernel, `_TMA_LAUNCHES`: not worth a compile each in tuning). Support order is left out: its
     scattered stores made every one of ResNet-50's 16 probed layers 1.5-14x slower than the same
     units stored contiguously (benchmarks/tensorcore_store_probe.py), so masks for this backend keep
@@ -374,5 +379,6 @@ def auto_configs(spec, dtype: torch.dtype) -> List[TensorCoreConfig]:
                if (config.block_m, config.num_warps, config.num_stages, config.unroll) in launches
                and config.order == "index" and config.loads == "pointer"]
     if dtype == torch.float32:
-        configs = [dataclasses.replace(config, precision="tf32") for config in configs]
+        configs = [dataclasses.replace(config, precision=precision) for precision in ("tf32", "tf32x3")
+                   for config in configs]
     return configs
