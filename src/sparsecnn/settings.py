@@ -54,7 +54,8 @@ BLOCKS_WORKERS = Setting("SPARSECNN_BLOCKS_WORKERS", "int >= 0", _WORKERS_DEFAUL
                          "worker processes extracting blocks while tuning (0: in-process)")
 COMPILE_WORKERS = Setting("SPARSECNN_COMPILE_WORKERS", "int >= 0", f"all the CPUs (1 to {MAX_WORKERS})",
                           "worker processes compiling codegen, staged and unrolled kernels while tuning, "
-                          "in the order tuning needs them (0: in-process)")
+                          "in the order tuning needs them, and up to 4 more compiling Triton kernels "
+                          "(0: in-process)")
 DLMC = Setting("SPARSECNN_DLMC", "path", "shared/data/dlmc-rn50 or .carry/dlmc-rn50 found upwards",
                "DLMC ResNet-50 masks (a directory with index.json)")
 COMMIT = Setting("SPARSECNN_COMMIT", "str", "git rev-parse --short HEAD of the package's checkout",
@@ -181,7 +182,8 @@ def blocks_workers() -> int:
 def compile_workers() -> int:
     """$SPARSECNN_COMPILE_WORKERS (int >= 0; default all the CPUs, 1 to 16; 0: none): worker
     processes compiling codegen, staged and unrolled kernels ahead of tuning, one queue for the
-    three. ValueError when a variable it replaced is set."""
+    three (Triton compiles: a pool of their own, `core.triton_ahead.workers`). ValueError when a
+    variable it replaced is set."""
     replaced = [name for name in _REPLACED_WORKERS if name in os.environ]
     if replaced:
         raise ValueError(f"${' and $'.join(replaced)} {'is' if len(replaced) == 1 else 'are'} replaced by "
