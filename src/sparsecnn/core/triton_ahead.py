@@ -2,12 +2,11 @@
 
 Why. Tuning calls each candidate once before timing it, and that first call compiles the kernel
 specialization it launches, in the tuning process, where Triton's front end holds the GIL: the
-compiles run one at a time on the tuning thread's path (ResNet-50 at N=32 gives `direct` 33
-distinct specializations in fp32, about 0.1-0.2 s each on a CPU core). A backend's `prefetch` hands
-each launch tuning will make to `AheadCompiles.submit`; a worker process compiles it for the GPU's
-architecture without touching a GPU (`compile_in_worker`: Triton's own binder, option parsing and
-compiler, as `JITFunction.run` calls them), into Triton's disk cache, where the tuning process's
-first call finds it. Layers that share a specialization share its compile.
+compiles run one at a time on the tuning thread's path (RESULTS.md, cold tuning). A backend's
+`prefetch` hands each launch tuning will make to `AheadCompiles.submit`; a worker process compiles
+it for the GPU's architecture without touching a GPU (`compile_in_worker`: Triton's own binder,
+option parsing and compiler, as `JITFunction.run` calls them), into Triton's disk cache, where the
+tuning process's first call finds it. Layers that share a specialization share its compile.
 
 Never waited for. `settle(keys)` (at bind) takes finished jobs (their times go to the report)
 and cancels those not yet started; a running one is left to finish. The first call then loads the
