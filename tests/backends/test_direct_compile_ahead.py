@@ -5,25 +5,15 @@ import dataclasses
 import pytest
 import torch
 from helpers.common import needs_cuda, needs_interpreter
+from helpers.triton_compiles import run_compiling, specialization
 
 from sparsecnn.backends.direct import compile_ahead
 from sparsecnn.backends.direct.format import ChunkedCSRWeight
 from sparsecnn.core.spec import ConvSpec
+from sparsecnn.core.triton_ahead import epilogues
 
 # Padded 3x3 stride 2 (odd sizes: C=5, K=7, H=W=9; the masked "batch" path too) and 1x1 stride 2 unpadded.
 SPECS = [ConvSpec(8, 5, 7, 9, 9, 3, 3, 2, 1, name="padded"), ConvSpec(8, 6, 16, 7, 7, 1, 1, 2, 0, name="1x1")]
-
-
-def _specialization(kernel, args, meta):
-    """What Triton's binder makes of a launch on an sm_90 GPU (no GPU needed)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import JITFunction, MockTensor, create_function_from_signature
-
-    jit = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)  # the interpreter wraps it
-    binder = create_function_from_signature(jit.signature, jit.params, make_backend(GPUTarget("cuda", 90, 32)))
-    _, specialization, options = binder(*map(MockTensor.wrap_dtype, args), **meta)
-    return specialization, options
 
 
 def _launched(monkeypatch, spec, config, relu, residual, layouts):
@@ -61,12 +51,12 @@ def test_each_launch_compiled_ahead_specializes_as_the_launcher_does(monkeypatch
         layouts = [(False, "nchw")] + ([(True, "nchw"), (True, "batch_inner")] if masked else [])
         ahead = compile_ahead.ahead_launches(spec, torch.float32, True, config, relu_only)
         launched = []
-        for relu, residual in compile_ahead.epilogues(relu_only):
+        for relu, residual in epilogues(relu_only):
             launched += _launched(monkeypatch, spec, config, relu, residual, layouts)
-        assert len(ahead) == len(launched) == len(layouts) * len(compile_ahead.epilogues(relu_only))
+        assert len(ahead) == len(launched) == len(layouts) * len(epilogues(relu_only))
         for (path, args, meta), (fn, call_args, call_meta) in zip(ahead, launched):
             assert path.rpartition(":")[2] == fn.__name__ and meta == call_meta, config
-            assert _specialization(fn, args, meta) == _specialization(fn, call_args, call_meta), config
+            assert specialization(fn, args, meta) == specialization(fn, call_args, call_meta), config
 
 
 @needs_interpreter
@@ -74,7 +64,7 @@ def test_nothing_is_compiled_ahead_for_a_cpu_weight():
     """Triton's interpreter runs a CPU weight: no job, and bind settles nothing."""
     spec = SPECS[0]
     compile_ahead.prefetch(spec, torch.randn(spec.K, spec.C, 3, 3), torch.float32, True)
-    assert not compile_ahead._COMPILES.pool.pending and not compile_ahead._KEYS
+    assert not compile_ahead._COMPILES.pool.pending and not compile_ahead._COMPILES._by_layer
 
 
 _FIRST_CALL_AFTER_WORKERS = """
@@ -115,13 +105,4 @@ print("ok", len(before), "kernels compiled ahead")
 def test_gpu_first_calls_find_the_kernels_compiled_ahead(tmp_path):
     """In a fresh process with an empty Triton cache: prefetch one layer's auto configs, wait for the
     workers, then bind and call each config: correct, and no direct kernel compiled in-process."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-c", _FIRST_CALL_AFTER_WORKERS, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith("ok"), done.stdout
+    assert run_compiling(_FIRST_CALL_AFTER_WORKERS, tmp_path, str(tmp_path)).startswith("ok")

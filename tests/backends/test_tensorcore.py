@@ -10,11 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.common import INTERPRET, needs_cuda, needs_interpreter
+from helpers.triton_compiles import run_compiling, specialization
 
 from sparsecnn.backends import get_backend
 from sparsecnn.backends.tensorcore.format import code_row, pack_units, padded_work, support_order
 from sparsecnn.core.reference import reference_conv, relative_error
 from sparsecnn.core.spec import ConvSpec
+from sparsecnn.core.triton_ahead import epilogues
 from sparsecnn.nn import SparseConv2d
 
 gpu = pytest.mark.gpu
@@ -783,21 +785,6 @@ def test_gpu_kernel_with_a_shortcut(dtype, precision):
         assert relative_error(y, ref) <= limit, config
 
 
-def _specialization(launch_args, meta):
-    """What Triton's binder makes of a launch of `_unit_conv_kernel` on an sm_90 GPU (no GPU needed)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import JITFunction, MockTensor, create_function_from_signature
-
-    from sparsecnn.backends.tensorcore import kernel
-
-    jit = kernel._unit_conv_kernel
-    jit = jit if isinstance(jit, JITFunction) else JITFunction(jit.fn)  # the interpreter wraps it
-    binder = create_function_from_signature(jit.signature, jit.params, make_backend(GPUTarget("cuda", 90, 32)))
-    _, specialization, options = binder(*map(MockTensor.wrap_dtype, launch_args), **meta)
-    return specialization, options
-
-
 @needs_interpreter
 @pytest.mark.parametrize("relu_only", [True, False])
 def test_compiles_ahead_specialize_as_the_call_does(monkeypatch, relu_only):
@@ -821,14 +808,15 @@ def test_compiles_ahead_specialize_as_the_call_does(monkeypatch, relu_only):
     x = inputs((2, 40, 9, 9), dtype=torch.float16)
     for config in configs:
         packed = pack_units(weight, *config.packing)
-        for relu, residual in compile_ahead.epilogues(relu_only):
+        for relu, residual in epilogues(relu_only):
             kernel.unit_conv(x, packed, spec.stride, spec.padding, config, bias=torch.randn(70).half(), relu=relu,
                              residual=inputs((2, 70, 5, 5), dtype=torch.float16) if residual else None)
     monkeypatch.undo()
-    assert len(ahead) == len(launched) == len(configs) * len(compile_ahead.epilogues(relu_only)) > 0
+    assert len(ahead) == len(launched) == len(configs) * len(epilogues(relu_only)) > 0
     for (config, (path, args, meta)), (call_args, call_meta) in zip(ahead, launched):
         assert path.endswith(":_unit_conv_kernel") and meta == call_meta, config
-        assert _specialization(args, meta) == _specialization(call_args, call_meta), config
+        assert specialization(kernel._unit_conv_kernel, args, meta) == specialization(
+            kernel._unit_conv_kernel, call_args, call_meta), config
 
 
 @needs_interpreter
@@ -838,7 +826,7 @@ def test_compile_ahead_leaves_cpu_weights_alone():
 
     spec = ConvSpec(2, 40, 70, 9, 9, 3, 3, 2, 1)
     compile_ahead.prefetch(spec, channel_run_tiles(70, 40, 3, 3, 64, 32), torch.float32, True)
-    assert not compile_ahead._COMPILES.pool.pending and not compile_ahead._KEYS
+    assert not compile_ahead._COMPILES.pool.pending and not compile_ahead._COMPILES._by_layer
 
 
 _FIRST_CALL_AFTER_WORKERS = """
@@ -882,13 +870,4 @@ print("ok", len(before), "kernels compiled ahead")
 def test_gpu_first_calls_find_the_kernels_compiled_ahead(tmp_path):
     """In a fresh process with an empty Triton cache: prefetch one layer's pointer configs, wait for
     the workers, then bind and call each config: right, and no tensorcore kernel compiled in-process."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-c", _FIRST_CALL_AFTER_WORKERS, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith("ok"), done.stdout
+    assert run_compiling(_FIRST_CALL_AFTER_WORKERS, tmp_path, str(tmp_path)).startswith("ok")

@@ -1,10 +1,8 @@
 """core/triton_ahead.py: Triton compiles in worker processes, deduplicated, never waited for."""
-import os
-import subprocess
-import sys
 from concurrent.futures import Future
 
 import torch
+from helpers.triton_compiles import run_compiling
 
 from sparsecnn.core import triton_ahead
 from sparsecnn.core.workers import WorkerPool
@@ -42,24 +40,32 @@ def test_each_specialization_is_submitted_once_and_settling_never_waits():
     ahead = triton_ahead.AheadCompiles("test compile", pool)
     twin = (LAUNCH[0], (torch.float16, 128, 1, 46), LAUNCH[2])  # the same specialization
     other = (LAUNCH[0], (torch.float32, 64, 1, 30), LAUNCH[2])
-    keys = ahead.submit([LAUNCH, twin, other], arch=90)
-    assert keys[0] == keys[1] != keys[2] and len(pool.pool.futures) == 2
+    ahead.submit("layer 1", [LAUNCH, other], arch=90)
+    ahead.submit("layer 2", [twin], arch=90)  # shares layer 1's compile
+    assert len(pool.pool.futures) == 2
     (done, args), (queued, _) = pool.pool.futures
     assert args[1:] == ("pkg.module:kernel", 90, LAUNCH[1], LAUNCH[2])  # _timed(compile_in_worker, ...)
-    assert ahead.submit([twin], arch=90) == keys[:1] and len(pool.pool.futures) == 2  # not again
     done.set_result((0.0, 0.5, None))
-    ahead.settle(keys)  # the finished job taken, the queued one cancelled: nothing waits
+    ahead.settle("layer 1")  # the finished job taken, the queued one cancelled: nothing waits
     assert not pool.pending and queued.cancelled() and pool.times.jobs == 1
+    ahead.settle("layer 2")  # its compile was taken with layer 1's
+    ahead.settle("never submitted")
+    assert pool.times.jobs == 1
 
 
 def test_a_running_compile_is_left_to_finish():
     pool = WorkerPool("test compile", lambda: 2, triton_ahead._LOG, _Pool)
     ahead = triton_ahead.AheadCompiles("test compile", pool)
-    keys = ahead.submit([LAUNCH], arch=90)
+    ahead.submit("layer", [LAUNCH], arch=90)
     future, _ = pool.pool.futures[0]
     future.set_running_or_notify_cancel()
-    ahead.settle(keys)
-    assert keys[0] in pool.pending and not future.cancelled()
+    ahead.settle("layer")
+    assert len(pool.pending) == 1 and not future.cancelled()
+
+
+def test_a_layer_may_be_tuned_with_relu_alone_or_either_resnet_epilogue():
+    assert triton_ahead.epilogues(True) == [(True, False)]
+    assert triton_ahead.epilogues(False) == [(False, False), (True, True)]
 
 
 def test_at_most_four_workers(monkeypatch):
@@ -82,8 +88,5 @@ config = kernel.auto_configs(spec, torch.float32)[0]
 path, args, meta = compile_ahead.ahead_launches(spec, torch.float32, True, config, True)[0]
 compile_in_worker(path, 90, args, meta)
 """
-    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_compiling(code, tmp_path)
     assert list(tmp_path.rglob("*.cubin")), sorted(p.name for p in tmp_path.rglob("*"))

@@ -8,7 +8,7 @@ it for the GPU's architecture without touching a GPU (`compile_in_worker`: Trito
 option parsing and compiler, as `JITFunction.run` calls them), into Triton's disk cache, where the
 tuning process's first call finds it. Layers that share a specialization share its compile.
 
-Never waited for. `settle(keys)` (at bind) takes finished jobs (their times go to the report)
+Never waited for. `settle(layer)` (at bind) takes finished jobs (their times go to the report)
 and cancels those not yet started; a running one is left to finish. The first call then loads the
 kernel from the disk cache or compiles it itself, as it would without workers: a late or failed
 worker compile costs CPU, never a wait or a different result. The workers are a small pool of their
@@ -18,7 +18,7 @@ generated backends.
 from __future__ import annotations
 
 import logging
-from typing import Any, Hashable, Iterable, List, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -32,6 +32,13 @@ Launch = Tuple[str, tuple, dict]
 _INT32 = (-2 ** 31, 2 ** 31 - 1)
 _MAX_WORKERS = 4
 _LOG = logging.getLogger("sparsecnn.core.triton_ahead")
+
+
+def epilogues(relu_only: bool) -> List[Tuple[bool, bool]]:
+    """(relu, residual) pairs a layer may be tuned with: relu alone where `relu_only`; else the
+    layer's epilogue is not known at prefetch, and the two a fused ResNet has are compiled: neither
+    (a downsample conv) and both (the conv before a residual add)."""
+    return [(True, False)] if relu_only else [(False, False), (True, True)]
 
 
 def workers() -> int:
@@ -74,28 +81,30 @@ def compile_in_worker(kernel_path: str, arch: int, args: tuple, meta: dict) -> N
 
 
 class AheadCompiles:
-    """One backend's compiles ahead of tuning. what: the work, for the report ("direct compile")."""
+    """One backend's compiles ahead of tuning, by layer. what: the work, for the report ("direct
+    compile"); pool: the `WorkerPool` (default: `workers()` processes of its own)."""
 
-    def __init__(self, what: str, pool: WorkerPool = None) -> None:
+    def __init__(self, what: str, pool: Optional[WorkerPool] = None) -> None:
         self.pool = pool or WorkerPool(what, workers, _LOG)
         self._submitted: set = set()
+        self._by_layer: Dict[Hashable, List[Hashable]] = {}
 
-    def submit(self, launches: Iterable[Launch], arch: int) -> List[Hashable]:
-        """Start compiling each launch not started before, for sm_`arch`; returns every launch's key
-        (what `settle` takes)."""
-        keys = []
+    def submit(self, layer: Hashable, launches: Iterable[Launch], arch: int) -> None:
+        """Start compiling, for sm_`arch`, each of the launches of `layer` (any key its backend's
+        bind can name again, e.g. (spec, config, dtype, has_bias)) not started before."""
+        keys = self._by_layer.setdefault(layer, [])
         for launch in launches:
             key = launch_key(launch)
             keys.append(key)
             if key not in self._submitted:
                 self._submitted.add(key)
                 self.pool.submit(key, compile_in_worker, *launch[:1], arch, *launch[1:])
-        return keys
 
-    def settle(self, keys: Iterable[Hashable]) -> None:
-        """Without waiting: take the finished jobs of `keys` (counting their times), cancel those not
-        started (the first call compiles them, as it would without workers), leave running ones."""
-        for key in keys:
+    def settle(self, layer: Hashable) -> None:
+        """At bind, without waiting: of the compiles submitted for `layer`, take the finished ones
+        (counting their times), cancel those not started (the first call compiles them, as it would
+        without workers), leave running ones."""
+        for key in self._by_layer.pop(layer, ()):
             entry = self.pool.pending.get(key)
             if entry is None:
                 continue

@@ -8,25 +8,17 @@ what the layouts phase times after a "batch" layer), with an output in either la
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import Any, List, Optional
 
 import torch
 
 from sparsecnn.core.spec import ConvSpec
-from sparsecnn.core.triton_ahead import AheadCompiles, Launch
+from sparsecnn.core.triton_ahead import AheadCompiles, Launch, epilogues
 
 _COMPILES = AheadCompiles("direct compile")
-_KEYS: Dict[Tuple, List[Hashable]] = {}  # (spec, config, dtype, has_bias) -> its launches' keys
 _CHUNK = "sparsecnn.backends.direct.kernel:_direct_chunk_kernel"
 _BATCH = "sparsecnn.backends.direct.kernel_batch:_direct_batch_kernel"
 _INDEX = torch.int32
-
-
-def epilogues(relu_only: bool) -> List[Tuple[bool, bool]]:
-    """(relu, residual) pairs a layer may be tuned with: relu alone where `relu_only`; else the
-    layer's epilogue is not known here, and the two a fused ResNet has are compiled: neither (a
-    downsample conv) and both (the conv before a residual add)."""
-    return [(True, False)] if relu_only else [(False, False), (True, True)]
 
 
 def ahead_launches(spec: ConvSpec, dtype: torch.dtype, has_bias: bool, config: Any, relu_only: bool) -> List[Launch]:
@@ -70,11 +62,9 @@ def prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias:
     major, minor = torch.cuda.get_device_capability(weight.device)
     for config in kernel.auto_configs(spec, dtype) if configs is None else configs:
         launches = ahead_launches(spec, dtype, has_bias, config, relu_only)
-        _KEYS.setdefault((spec, config, dtype, has_bias), []).extend(_COMPILES.submit(launches, major * 10 + minor))
+        _COMPILES.submit((spec, config, dtype, has_bias), launches, major * 10 + minor)
 
 
 def settle(spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> None:
     """At bind: the layer's prefetched compiles of `config` taken if done, cancelled if not started."""
-    keys = _KEYS.pop((spec, config, dtype, has_bias), None)
-    if keys:
-        _COMPILES.settle(keys)
+    _COMPILES.settle((spec, config, dtype, has_bias))

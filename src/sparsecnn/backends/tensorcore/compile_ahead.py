@@ -8,25 +8,17 @@ each epilogue the layer may be tuned with (`epilogues`), on the packing of that 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 
 from sparsecnn.backends.tensorcore.format import pack_units
 from sparsecnn.core.spec import ConvSpec
-from sparsecnn.core.triton_ahead import AheadCompiles, Launch
+from sparsecnn.core.triton_ahead import AheadCompiles, Launch, epilogues
 
 _COMPILES = AheadCompiles("tensorcore compile")
-_KEYS: Dict[Tuple, List[Hashable]] = {}  # (spec, config, dtype, has_bias) -> its launches' keys
 _KERNEL = "sparsecnn.backends.tensorcore.kernel:_unit_conv_kernel"
 _INDEX = torch.int32
-
-
-def epilogues(relu_only: bool) -> List[Tuple[bool, bool]]:
-    """(relu, residual) pairs a layer may be tuned with: relu alone where `relu_only`; else the
-    layer's epilogue is not known here, and the two a fused ResNet has are compiled: neither (a
-    downsample conv) and both (the conv before a residual add)."""
-    return [(True, False)] if relu_only else [(False, False), (True, True)]
 
 
 def ahead_launches(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias: bool, configs: List[Any],
@@ -64,12 +56,9 @@ def prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias:
     major, minor = torch.cuda.get_device_capability(weight.device)
     for config, launch in ahead_launches(spec, weight, dtype, has_bias, configs, relu_only,
                                          kernel.dependent_launch_on(weight.device)):
-        keys = _COMPILES.submit([launch], major * 10 + minor)
-        _KEYS.setdefault((spec, config, dtype, has_bias), []).extend(keys)
+        _COMPILES.submit((spec, config, dtype, has_bias), [launch], major * 10 + minor)
 
 
 def settle(spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> None:
     """At bind: the layer's prefetched compiles of `config` taken if done, cancelled if not started."""
-    keys = _KEYS.pop((spec, config, dtype, has_bias), None)
-    if keys:
-        _COMPILES.settle(keys)
+    _COMPILES.settle((spec, config, dtype, has_bias))
