@@ -46,6 +46,16 @@ def workers() -> int:
     return min(_MAX_WORKERS, settings.compile_workers())
 
 
+def compile_target(weight: torch.Tensor, spec) -> Optional[int]:
+    """The arch (90 for sm_90) to compile a layer's kernels ahead for: the GPU `weight` is on; None
+    for a weight elsewhere (under Triton's CPU interpreter nothing compiles) or a layer without
+    output pixels (`spec`, a ConvSpec, at its tuning shape)."""
+    if weight.device.type != "cuda" or spec.N * spec.P * spec.Q == 0:
+        return None
+    major, minor = torch.cuda.get_device_capability(weight.device)
+    return major * 10 + minor
+
+
 def launch_key(launch: Launch) -> Hashable:
     """What the compiled kernel depends on: the kernel, its constexprs and options, each tensor's
     dtype and, per int, what Triton may specialize on (64-bit, == 1, divisible by 16). It may split

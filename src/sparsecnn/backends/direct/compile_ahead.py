@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 import torch
 
 from sparsecnn.core.spec import ConvSpec
-from sparsecnn.core.triton_ahead import AheadCompiles, Launch, epilogues
+from sparsecnn.core.triton_ahead import AheadCompiles, Launch, compile_target, epilogues
 
 _COMPILES = AheadCompiles("direct compile")
 _CHUNK = "sparsecnn.backends.direct.kernel:_direct_chunk_kernel"
@@ -55,14 +55,13 @@ def prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias:
     """Start compiling, in worker processes, the direct kernels tuning will launch for this layer
     (`configs`; None: `kernel.auto_configs`) for the GPU `weight` is on; nothing for a weight
     elsewhere (under Triton's CPU interpreter nothing compiles). Returns at once."""
-    if weight.device.type != "cuda" or spec.N * spec.P * spec.Q == 0:
+    arch = compile_target(weight, spec)
+    if arch is None:
         return
     from sparsecnn.backends.direct import kernel
 
-    major, minor = torch.cuda.get_device_capability(weight.device)
     for config in kernel.auto_configs(spec, dtype) if configs is None else configs:
-        launches = ahead_launches(spec, dtype, has_bias, config, relu_only)
-        _COMPILES.submit((spec, config, dtype, has_bias), launches, major * 10 + minor)
+        _COMPILES.submit((spec, config, dtype, has_bias), ahead_launches(spec, dtype, has_bias, config, relu_only), arch)
 
 
 def settle(spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> None:

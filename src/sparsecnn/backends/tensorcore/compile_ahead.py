@@ -14,7 +14,7 @@ import torch
 
 from sparsecnn.backends.tensorcore.format import pack_units
 from sparsecnn.core.spec import ConvSpec
-from sparsecnn.core.triton_ahead import AheadCompiles, Launch, epilogues
+from sparsecnn.core.triton_ahead import AheadCompiles, Launch, compile_target, epilogues
 
 _COMPILES = AheadCompiles("tensorcore compile")
 _KERNEL = "sparsecnn.backends.tensorcore.kernel:_unit_conv_kernel"
@@ -48,15 +48,15 @@ def prefetch(spec: ConvSpec, weight: torch.Tensor, dtype: torch.dtype, has_bias:
     """Start compiling, in worker processes, the kernels tuning will launch for this layer
     (`configs`; None: `kernel.auto_configs`) for the GPU `weight` is on; nothing for a weight
     elsewhere (under Triton's CPU interpreter nothing compiles). Returns at once."""
-    if weight.device.type != "cuda" or spec.N * spec.P * spec.Q == 0:
+    arch = compile_target(weight, spec)
+    if arch is None:
         return
     from sparsecnn.backends.tensorcore import kernel
 
     configs = kernel.auto_configs(spec, dtype) if configs is None else configs
-    major, minor = torch.cuda.get_device_capability(weight.device)
     for config, launch in ahead_launches(spec, weight, dtype, has_bias, configs, relu_only,
                                          kernel.dependent_launch_on(weight.device)):
-        _COMPILES.submit((spec, config, dtype, has_bias), [launch], major * 10 + minor)
+        _COMPILES.submit((spec, config, dtype, has_bias), [launch], arch)
 
 
 def settle(spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: bool) -> None:
