@@ -3,7 +3,7 @@
 (seed 0), fp32, sm_90, an empty disk cache; every layer's compile submitted (`prefetch`), then taken in
 model order, as the tuner binds them.
 
-Usage (CPU; set SPARSECNN_CODEGEN_WORKERS for the worker count):
+Usage (CPU; set SPARSECNN_COMPILE_WORKERS for the worker count):
     python scripts/codegen_prefetch_wall.py OUT.jsonl MODE
 MODE: rewrite or emit, the mode of the default config compiled (what `backend="auto"` compiles is
 `get_backend("codegen").auto_configs`). One JSON line: layers, workers, mode, wall seconds, and the
@@ -63,7 +63,7 @@ for spec, weight, config in layers:
 row = {**environment("cpu"), "toolchain": toolchain.toolchain_id("90"), "cpus": os.cpu_count(),
        "kind": "codegen prefetch wall", "dtype": "fp32", "sparsity": 0.9, "pattern": "random",
        "model": "densenet121", "layers": len(layers), "mode": sys.argv[2],
-       "workers": os.environ.get("SPARSECNN_CODEGEN_WORKERS"), "wall_s": round(time.perf_counter() - start, 2),
+       "workers": os.environ.get("SPARSECNN_COMPILE_WORKERS"), "wall_s": round(time.perf_counter() - start, 2),
        "jobs": {pool: dataclasses.asdict(times) for pool, times in job_times().items()}}
 with open(sys.argv[1], "a") as out:
     out.write(json.dumps(row) + "\n")

@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#tools[@]} -gt 0 ] || tools=(memcheck racecheck initcheck)
 # Compile in-process (no worker pools), and keep the generated kernels' disk cache away from the user's.
-export SPARSECNN_CODEGEN_WORKERS=0 SPARSECNN_UNROLLED_WORKERS=0 SPARSECNN_BLOCKS_WORKERS=0
+export SPARSECNN_COMPILE_WORKERS=0 SPARSECNN_BLOCKS_WORKERS=0
 export SPARSECNN_CACHE=${SPARSECNN_CACHE:-$(mktemp -d /tmp/sanitize-cache-XXXXXX)}
 SANITIZER=${SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 timeout 60 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -14,6 +14,7 @@ from sparsecnn import settings
 PACKAGE = Path(settings.__file__).resolve().parent
 HOME = Path.home()
 HALF_THE_CPUS = max(1, min((os.cpu_count() or 1) // 2, settings.MAX_WORKERS))
+ALL_THE_CPUS = max(1, min(os.cpu_count() or 1, settings.MAX_WORKERS))
 
 # (setting, accessor, value to set, what the accessor returns for it, what it returns when unset)
 CASES = [
@@ -28,8 +29,7 @@ CASES = [
     (settings.PDL, settings.pdl, "0", False, True),
     (settings.UNROLLED_MAX_NNZ, settings.unrolled_max_nnz, "250000", 250_000, settings.UNROLLED_MAX_NNZ_DEFAULT),
     (settings.BLOCKS_WORKERS, settings.blocks_workers, "0", 0, HALF_THE_CPUS),
-    (settings.CODEGEN_WORKERS, settings.codegen_workers, "3", 3, HALF_THE_CPUS),
-    (settings.UNROLLED_WORKERS, settings.unrolled_workers, " 5", 5, HALF_THE_CPUS),
+    (settings.COMPILE_WORKERS, settings.compile_workers, " 5", 5, ALL_THE_CPUS),
     (settings.DLMC, settings.dlmc_dir, "~/dlmc", HOME / "dlmc", None),
     (settings.COMMIT, settings.commit, "abc1234", "abc1234", None),
     (settings.SPUTNIK_LIB, settings.sputnik_lib, "~/peers/libsputnik_spmm.so", HOME / "peers/libsputnik_spmm.so",
@@ -44,8 +44,8 @@ BAD = [
     (settings.UNROLLED_MAX_NNZ, settings.unrolled_max_nnz, "-5", "must be a positive int"),
     (settings.UNROLLED_MAX_NNZ, settings.unrolled_max_nnz, "many", "must be a positive int"),
     (settings.BLOCKS_WORKERS, settings.blocks_workers, "-1", "must be a non-negative int"),
-    (settings.CODEGEN_WORKERS, settings.codegen_workers, "two", "must be a non-negative int"),
-    (settings.UNROLLED_WORKERS, settings.unrolled_workers, "1.5", "must be a non-negative int"),
+    (settings.COMPILE_WORKERS, settings.compile_workers, "two", "must be a non-negative int"),
+    (settings.COMPILE_WORKERS, settings.compile_workers, "1.5", "must be a non-negative int"),
 ]
 
 
@@ -76,6 +76,14 @@ def test_a_bad_value_raises_naming_the_variable_and_what_it_expects(monkeypatch,
     with pytest.raises(ValueError, match=re.escape(setting.name)) as raised:
         accessor()
     assert expected in str(raised.value) and repr(value.strip()) in str(raised.value)
+
+
+@pytest.mark.parametrize("replaced", ["SPARSECNN_CODEGEN_WORKERS", "SPARSECNN_UNROLLED_WORKERS"])
+def test_a_replaced_worker_variable_raises_naming_its_replacement(monkeypatch, replaced):
+    monkeypatch.setenv(settings.COMPILE_WORKERS.name, "3")
+    monkeypatch.setenv(replaced, "0")
+    with pytest.raises(ValueError, match=re.escape(f"${replaced} is replaced by ${settings.COMPILE_WORKERS.name}")):
+        settings.compile_workers()
 
 
 def test_values_set_after_import_take_effect_on_the_next_call(monkeypatch):

@@ -25,8 +25,10 @@ class Setting(NamedTuple):
 
 CODEGEN_LOADERS = ("cuda-python", "cupy")
 UNROLLED_MAX_NNZ_DEFAULT = 60_000
-MAX_WORKERS = 16  # the default worker count's cap: half the CPUs, at most this
+MAX_WORKERS = 16  # the default worker counts' cap
 _WORKERS_DEFAULT = f"half the CPUs (1 to {MAX_WORKERS})"
+# Replaced by $SPARSECNN_COMPILE_WORKERS (one pool compiles for codegen, staged and unrolled)
+_REPLACED_WORKERS = ("SPARSECNN_CODEGEN_WORKERS", "SPARSECNN_UNROLLED_WORKERS")
 
 CACHE_DIR = Setting("SPARSECNN_CACHE_DIR", "path", "~/.cache/sparsecnn/autotune",
                     "tuning decisions cache (`sparsify_`, `autotune_model`)")
@@ -50,10 +52,10 @@ UNROLLED_MAX_NNZ = Setting("SPARSECNN_UNROLLED_MAX_NNZ", "int >= 1", str(UNROLLE
                            "most non-zeros per layer for the unrolled backend (higher: longer ptxas time)")
 BLOCKS_WORKERS = Setting("SPARSECNN_BLOCKS_WORKERS", "int >= 0", _WORKERS_DEFAULT,
                          "worker processes extracting blocks while tuning (0: in-process)")
-CODEGEN_WORKERS = Setting("SPARSECNN_CODEGEN_WORKERS", "int >= 0", _WORKERS_DEFAULT,
-                          "worker processes compiling codegen and staged kernels while tuning (0: in-process)")
-UNROLLED_WORKERS = Setting("SPARSECNN_UNROLLED_WORKERS", "int >= 0", _WORKERS_DEFAULT,
-                           "worker processes compiling unrolled kernels while tuning (0: in-process)")
+COMPILE_WORKERS = Setting("SPARSECNN_COMPILE_WORKERS", "int >= 0", f"all the CPUs (1 to {MAX_WORKERS})",
+                          "worker processes compiling codegen, staged and unrolled kernels while tuning, "
+                          "in the order tuning needs them, and up to 4 more compiling Triton kernels "
+                          "(0: in-process)")
 DLMC = Setting("SPARSECNN_DLMC", "path", "shared/data/dlmc-rn50 or .carry/dlmc-rn50 found upwards",
                "DLMC ResNet-50 masks (a directory with index.json)")
 COMMIT = Setting("SPARSECNN_COMMIT", "str", "git rev-parse --short HEAD of the package's checkout",
@@ -66,7 +68,7 @@ SPARSERT_COMPILE = Setting("SPARSECNN_SPARSERT_COMPILE", "path", "none",
                            "(made by benchmarks/peers/build_sparsert.sh)")
 
 SETTINGS: Tuple[Setting, ...] = (CACHE_DIR, CACHE, CODEGEN_LOADER, NVCC, PTXAS, MAX_PTX_ISA, FAST_LAUNCH, PDL,
-                                  UNROLLED_MAX_NNZ, BLOCKS_WORKERS, CODEGEN_WORKERS, UNROLLED_WORKERS,
+                                  UNROLLED_MAX_NNZ, BLOCKS_WORKERS, COMPILE_WORKERS,
                                   DLMC, COMMIT, SPUTNIK_LIB, SPARSERT_COMPILE)
 
 
@@ -161,10 +163,11 @@ def unrolled_max_nnz() -> int:
     return int(text)
 
 
-def _workers(setting: Setting) -> int:
+def _workers(setting: Setting, share: int = 2) -> int:
+    """The setting's worker count; unset: 1 / `share` of the CPUs, 1 to MAX_WORKERS."""
     value = (_raw(setting) or "").strip()
     if not value:
-        return max(1, min((os.cpu_count() or 1) // 2, MAX_WORKERS))
+        return max(1, min((os.cpu_count() or 1) // share, MAX_WORKERS))
     if not value.isdigit():
         raise ValueError(f"${setting.name} must be a non-negative int, got {value!r}")
     return int(value)
@@ -176,16 +179,17 @@ def blocks_workers() -> int:
     return _workers(BLOCKS_WORKERS)
 
 
-def codegen_workers() -> int:
-    """$SPARSECNN_CODEGEN_WORKERS (int >= 0; default half the CPUs, 1 to 16; 0: none): worker
-    processes compiling codegen and staged kernels ahead of tuning."""
-    return _workers(CODEGEN_WORKERS)
-
-
-def unrolled_workers() -> int:
-    """$SPARSECNN_UNROLLED_WORKERS (int >= 0; default half the CPUs, 1 to 16; 0: none): worker
-    processes compiling unrolled kernels ahead of tuning."""
-    return _workers(UNROLLED_WORKERS)
+def compile_workers() -> int:
+    """$SPARSECNN_COMPILE_WORKERS (int >= 0; default all the CPUs, 1 to 16; 0: none): worker
+    processes compiling codegen, staged and unrolled kernels ahead of tuning, one queue for the
+    three (Triton compiles: a pool of their own, `core.triton_ahead.workers`). ValueError when a
+    variable it replaced is set."""
+    replaced = [name for name in _REPLACED_WORKERS if name in os.environ]
+    if replaced:
+        raise ValueError(f"${' and $'.join(replaced)} {'is' if len(replaced) == 1 else 'are'} replaced by "
+                         f"${COMPILE_WORKERS.name} (one pool compiles codegen, staged and unrolled kernels); "
+                         f"set that instead")
+    return _workers(COMPILE_WORKERS, share=1)
 
 
 def dlmc_dir() -> Optional[Path]:

@@ -182,7 +182,7 @@ def test_workers_that_die_mean_in_process_extraction(no_extractions, monkeypatch
 
 def test_backends_without_prefetch_and_ineligible_backends_submit_nothing(monkeypatch):
     prefetching = [name for name in backend_names() if get_backend(name).prefetch is not None]
-    assert prefetching == ["codegen", "blocks", "staged", "unrolled"]
+    assert prefetching == ["codegen", "direct", "blocks", "staged", "unrolled", "tensorcore"]
     asked = []
     workers = _failing_workers(monkeypatch, lambda count: asked.append(count) or ProcessPoolExecutor(0))
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -33,7 +33,7 @@ def inline_workers(monkeypatch):
     pool = InlinePool()
     workers = codegen_backend._new_workers(new_pool=lambda count: pool)
     monkeypatch.setattr(codegen_backend, "_WORKERS", workers)
-    monkeypatch.setenv(settings.CODEGEN_WORKERS.name, "2")
+    monkeypatch.setenv(settings.COMPILE_WORKERS.name, "2")
     return workers, pool
 
 
@@ -144,7 +144,7 @@ def test_unsupported_layers_are_not_prefetched(inline_workers):
 def test_a_real_worker_process_compiles_the_same_kernels(monkeypatch):
     workers = codegen_backend._new_workers()
     monkeypatch.setattr(codegen_backend, "_WORKERS", workers)
-    monkeypatch.setenv(settings.CODEGEN_WORKERS.name, "1")
+    monkeypatch.setenv(settings.COMPILE_WORKERS.name, "1")
     backend = get_backend("codegen")
     weight = _weight()
     try:
@@ -205,7 +205,7 @@ def test_layers_the_inputs_never_reach_are_not_prefetched(monkeypatch, tmp_path)
 def test_pending_while_a_prefetched_compile_runs(monkeypatch):
     pool = HeldPool()
     monkeypatch.setattr(codegen_backend, "_WORKERS", codegen_backend._new_workers(new_pool=lambda count: pool))
-    monkeypatch.setenv(settings.CODEGEN_WORKERS.name, "2")
+    monkeypatch.setenv(settings.COMPILE_WORKERS.name, "2")
     backend = get_backend("codegen")
     weight = _weight()
     config = backend.auto_configs(SPEC, torch.float32)[0]

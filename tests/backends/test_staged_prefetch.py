@@ -21,10 +21,10 @@ SAME_GEOMETRY = ConvSpec(32, 64, 128, 14, 14, 3, 3, 1, 1)  # another layer of 3x
 
 
 def _workers(monkeypatch, pool):
-    workers = WorkerPool("staged compile", settings.codegen_workers, logging.getLogger("test"),
+    workers = WorkerPool("staged compile", settings.compile_workers, logging.getLogger("test"),
                          new_pool=lambda count: pool)
     monkeypatch.setattr(staged_backend, "_WORKERS", workers)
-    monkeypatch.setenv(settings.CODEGEN_WORKERS.name, "2")
+    monkeypatch.setenv(settings.COMPILE_WORKERS.name, "2")
     return workers
 
 

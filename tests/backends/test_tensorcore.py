@@ -10,11 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.common import INTERPRET, needs_cuda, needs_interpreter
+from helpers.triton_compiles import run_compiling, specialization
 
 from sparsecnn.backends import get_backend
 from sparsecnn.backends.tensorcore.format import code_row, pack_units, padded_work, support_order
 from sparsecnn.core.reference import reference_conv, relative_error
 from sparsecnn.core.spec import ConvSpec
+from sparsecnn.core.triton_ahead import epilogues
 from sparsecnn.nn import SparseConv2d
 
 gpu = pytest.mark.gpu
@@ -794,3 +796,91 @@ def test_gpu_kernel_with_a_shortcut(dtype, precision):
         combined = torch.cat([weight, shortcut], dim=1)
         limit = gpu_limit(torch.cat([x, x2[:, :, ::2, ::2]], dim=1), combined, bias, 1, 0, config.precision)
         assert relative_error(y, ref) <= limit, config
+
+
+@needs_interpreter
+@pytest.mark.parametrize("relu_only", [True, False])
+def test_compiles_ahead_specialize_as_the_call_does(monkeypatch, relu_only):
+    """`compile_ahead.ahead_launches` (compiled in worker processes before tuning) reaches the Triton
+    specialization `unit_conv`'s launch reaches, for every auto config and epilogue it compiles: the
+    same cache key, so the call finds the worker's kernel."""
+    from sparsecnn.backends.tensorcore import compile_ahead, kernel
+
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launched.append((args, meta))
+
+    spec = ConvSpec(2, 40, 70, 9, 9, 3, 3, 2, 1)
+    weight = channel_run_tiles(70, 40, 3, 3, 64, 32, keep=0.3).half()
+    configs = [config for config in kernel.auto_configs(spec, torch.float16) if config.loads == "pointer"]
+    ahead = compile_ahead.ahead_launches(spec, weight, torch.float16, True, configs, relu_only, pdl=True)
+    monkeypatch.setattr(kernel, "_unit_conv_kernel", Recorder())
+    monkeypatch.setattr(kernel, "dependent_launch", lambda x: True)
+    x = inputs((2, 40, 9, 9), dtype=torch.float16)
+    for config in configs:
+        packed = pack_units(weight, *config.packing)
+        for relu, residual in epilogues(relu_only):
+            kernel.unit_conv(x, packed, spec.stride, spec.padding, config, bias=torch.randn(70).half(), relu=relu,
+                             residual=inputs((2, 70, 5, 5), dtype=torch.float16) if residual else None)
+    monkeypatch.undo()
+    assert len(ahead) == len(launched) == len(configs) * len(epilogues(relu_only)) > 0
+    for (config, (path, args, meta)), (call_args, call_meta) in zip(ahead, launched):
+        assert path.endswith(":_unit_conv_kernel") and meta == call_meta, config
+        assert specialization(kernel._unit_conv_kernel, args, meta) == specialization(
+            kernel._unit_conv_kernel, call_args, call_meta), config
+
+
+@needs_interpreter
+def test_compile_ahead_leaves_cpu_weights_alone():
+    """Nothing to compile for a CPU weight (Triton's interpreter runs it): no job, nothing to settle."""
+    from sparsecnn.backends.tensorcore import compile_ahead
+
+    spec = ConvSpec(2, 40, 70, 9, 9, 3, 3, 2, 1)
+    compile_ahead.prefetch(spec, channel_run_tiles(70, 40, 3, 3, 64, 32), torch.float32, True)
+    assert not compile_ahead._COMPILES.pool.pending and not compile_ahead._COMPILES._by_layer
+
+
+_FIRST_CALL_AFTER_WORKERS = """
+import sys
+from pathlib import Path
+import torch
+from sparsecnn.backends import get_backend
+from sparsecnn.backends.tensorcore import compile_ahead, kernel
+from sparsecnn.core.reference import reference_conv, relative_error
+from sparsecnn.core.spec import ConvSpec
+cache = Path(sys.argv[1])
+spec = ConvSpec(32, 64, 96, 13, 13, 3, 3, 1, 1)
+weight = torch.zeros(96, 64, 3, 3)
+weight[:64, :32, 1, 1] = torch.randn(64, 32)
+weight[64:, 32:, 0, 2] = torch.randn(32, 32)
+weight = weight.half().cuda()
+bias = torch.randn(96, device="cuda").half()
+configs = [config for config in kernel.auto_configs(spec, torch.float16) if config.loads == "pointer"]
+compile_ahead.prefetch(spec, weight, torch.float16, True, configs, relu_only=True)
+pool = compile_ahead._COMPILES.pool
+for key in list(pool.pending):
+    pool.take(key)  # wait for every compile
+assert pool.times.jobs >= 1, pool.times
+before = {path.parent for path in cache.rglob("*.cubin")}
+backend, x = get_backend("tensorcore"), torch.randn(spec.input_shape, device="cuda").half()
+ref = reference_conv(x.cpu().float(), weight.cpu().float(), bias.cpu().float(), stride=1, padding=1,
+                     fp64=True).clamp(min=0)
+for config in configs:
+    call = backend.bind_for(backend.prepare(weight, config), spec, config, torch.float16, True, True)
+    y = call(x, bias, None, True)
+    assert relative_error(y.cpu(), ref) < 2e-3, config
+new = [path for path in {path.parent for path in cache.rglob("*.cubin")} - before
+       if any("unit_conv" in file.name for file in path.iterdir())]
+assert not new, new  # every tensorcore kernel the calls ran came from the workers' compiles
+print("ok", len(before), "kernels compiled ahead")
+"""
+
+
+@gpu
+@needs_cuda
+def test_gpu_first_calls_find_the_kernels_compiled_ahead(tmp_path):
+    """In a fresh process with an empty Triton cache: prefetch one layer's pointer configs, wait for
+    the workers, then bind and call each config: right, and no tensorcore kernel compiled in-process."""
+    assert run_compiling(_FIRST_CALL_AFTER_WORKERS, tmp_path, str(tmp_path)).startswith("ok")

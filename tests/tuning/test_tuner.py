@@ -35,7 +35,8 @@ from sparsecnn.tuning import (
 )
 from sparsecnn.tuning.cache import CachedDecision
 from sparsecnn.tuning.precision import uses_tf32
-from sparsecnn.tuning.select import EagerTimer, pending_candidates
+from sparsecnn.tuning.select import SLOWER_MARGIN, EagerTimer, pending_candidates
+from sparsecnn.tuning.timing import CHECK_REPS, benchmark
 from sparsecnn.tuning import sparsify as sparsify_module
 from sparsecnn.tuning import whole_model
 from sparsecnn.tuning.precision import resolve_policy
@@ -228,7 +229,7 @@ def test_a_candidate_much_slower_in_one_run_is_never_benchmarked(tmp_path):
     timer = FakeTimer(probe_ms={"dense": 30.0, "im2col-cublas": 1.0, "im2col-cusparse": 20.0})
     result = _tune(None, timer)
     assert timer.probed == ["dense", "im2col-cublas", "im2col-cusparse"]
-    assert timer.measured == ["dense", "im2col-cublas"]  # dense, the baseline, is always measured
+    assert timer.measured == ["im2col-cublas", "dense"]  # fastest probe first; dense, the baseline, always
     assert "over 10x" in result.dropped["im2col-cusparse"] and result.backend == "im2col-cublas"
     assert result.dense_ms == 30.0 and result.speedup == 30.0
 
@@ -268,11 +269,43 @@ def test_only_the_fastest_probed_sparse_candidates_are_benchmarked():
     timer = FakeTimer(probe_ms={"dense": 3.0, "im2col-cublas": 2.0, "im2col-cusparse": 1.0},
                       measure_ms={"dense": 3.0, "im2col-cusparse": 1.5})
     selection = pick_fastest(x, weight, bias, spec, CPU_CANDIDATES, timer, measure_top=1)
-    assert timer.measured == ["dense", "im2col-cusparse"]
+    assert timer.measured == ["im2col-cusparse", "dense"]
     assert "not among the 1 fastest sparse candidates" in selection.dropped["im2col-cublas"]
     assert selection.best == Candidate("im2col-cusparse") and selection.best_ms == 1.5
     with pytest.raises(ValueError, match="measure_top must be >= 1"):
         pick_fastest(x, weight, bias, spec, CPU_CANDIDATES, timer, measure_top=0)
+
+
+class BoundedTimer(FakeTimer):
+    """A FakeTimer whose measure takes the bound pick_fastest may give it (as MeasuringTimer's)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bounds = {}
+
+    def measure(self, candidate, fn, slower_than_ms=math.inf):
+        self.bounds[candidate.backend] = slower_than_ms
+        return super().measure(candidate, fn)
+
+
+def test_benchmarks_after_the_fastest_may_stop_once_clearly_slower_except_the_baseline():
+    x, weight, bias, spec = _layer()
+    timer = BoundedTimer(probe_ms={"dense": 3.0, "im2col-cublas": 2.0, "im2col-cusparse": 1.0},
+                         measure_ms={"dense": 3.0, "im2col-cublas": 2.5, "im2col-cusparse": 1.5})
+    selection = pick_fastest(x, weight, bias, spec, CPU_CANDIDATES, timer)
+    assert timer.measured == ["im2col-cusparse", "im2col-cublas", "dense"]
+    assert timer.bounds == {"im2col-cusparse": math.inf, "im2col-cublas": SLOWER_MARGIN * 1.5, "dense": math.inf}
+    assert selection.best == Candidate("im2col-cusparse") and selection.times_ms["dense"] == 3.0
+    plain = FakeTimer(probe_ms=timer.probe_ms, measure_ms=timer.measure_ms)  # a measure without the bound
+    assert pick_fastest(x, weight, bias, spec, CPU_CANDIDATES, plain).best == Candidate("im2col-cusparse")
+
+
+@pytest.mark.parametrize("bound, expected_reps", [(0.0, CHECK_REPS), (math.inf, 40), (None, 40)])
+def test_benchmark_stops_after_its_check_repeats_only_when_their_median_is_over_the_bound(bound, expected_reps):
+    calls = []
+    result = benchmark(lambda: calls.append(1), "cpu", warmup_ms=0.0, rep_ms=1e9, min_rep=1, max_rep=40,
+                       stop_above_ms=bound)
+    assert len(calls) == 2 + expected_reps and result["median_ms"] >= 0  # 2: the untimed and the per-call runs
 
 
 def test_first_calls_run_before_any_timing():

@@ -1,4 +1,4 @@
-"""Worker processes that prepare backends' work ahead of tuning (block extraction, codegen compiles).
+"""Worker processes that prepare backends' work ahead of tuning (block extraction, kernel compiles).
 
 "spawn" processes, never fork, as the parent may have initialised CUDA; at most `count()` of them
 (a `settings` accessor such as `settings.blocks_workers`; default half the CPUs, at most 16; 0:
@@ -6,6 +6,8 @@ none), started as jobs arrive and niced, so that the tuning process keeps a core
 DataLoader's workers they never run the caller's script (`_main_script_hidden`), so a script that
 tunes needs no `if __name__ == "__main__":` guard. A pool that fails to start or a worker that fails
 only means the caller does the work in-process: results never depend on where a job ran.
+Several pools can share one process pool (`SharedProcessPool`): the kernel compiles of codegen,
+staged and unrolled queue in one line, in the order tuning will need them.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from importlib.machinery import ModuleSpec
 from typing import Any, Callable, Dict, Hashable, Iterator, Optional, Tuple
+
+import sparsecnn.settings as settings
 
 _WORKER_NICENESS = 10
 NOTHING = object()  # what `WorkerPool.take` returns when there is no result to take
@@ -103,13 +107,59 @@ def spawn_pool(workers: int) -> ProcessPoolExecutor:
                                initializer=_start_worker, initargs=(_WORKER_NICENESS,))
 
 
+class _Lease:
+    """A `SharedProcessPool`'s process pool as one `WorkerPool` holds it: shutting it down lets go."""
+
+    def __init__(self, shared: "SharedProcessPool", executor: ProcessPoolExecutor):
+        self.shared, self.executor, self.held = shared, executor, True
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        return self.executor.submit(fn, *args)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        if self.held:
+            self.held = False
+            self.shared.release(self.executor, wait)
+
+
+class SharedProcessPool:
+    """One process pool for several `WorkerPool`s, given as their `new_pool`: their jobs queue in one
+    line in submission order, on `count()` workers in all (separate pools each got their own share of
+    the CPUs: one pool's long jobs queued while another's workers had finished). Started when the
+    first of them submits; shut down when every pool holding it has shut down (a failed one included:
+    a broken process pool fails the others' next submission or take too)."""
+
+    def __init__(self, count: Callable[[], int], new_executor: Callable[[int], ProcessPoolExecutor] = spawn_pool):
+        self.count, self.new_executor = count, new_executor
+        self.executor: Optional[ProcessPoolExecutor] = None
+        self.holders = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, workers: int) -> _Lease:
+        """A lease of the shared process pool, started with `count()` workers if none runs (the
+        asking pool's own `workers` count is not used)."""
+        with self._lock:
+            if self.executor is None:
+                self.executor = self.new_executor(self.count())
+            self.holders += 1
+            return _Lease(self, self.executor)
+
+    def release(self, executor: ProcessPoolExecutor, wait: bool) -> None:
+        with self._lock:
+            if executor is not self.executor:
+                return
+            self.holders -= 1
+            if self.holders == 0:
+                self.executor = None
+                executor.shutdown(wait=wait, cancel_futures=True)
+
+
 class WorkerPool:
     """A lazily started process pool and the jobs submitted to it, by key, until taken.
 
     what: the work, for log messages ("block extraction"); count() -> the worker count, asked when
-    the pool starts (a `settings` accessor: by default half the CPUs, at most 16, so that two pools
-    fill the CPUs without oversubscribing them; 0: none); new_pool(workers) -> executor (tests
-    inject pools that fail).
+    the pool starts (a `settings` accessor; 0: none); new_pool(workers) -> executor (a
+    `SharedProcessPool` to share one; tests inject pools that fail).
     """
 
     def __init__(self, what: str, count: Callable[[], int], log: logging.Logger,
@@ -175,6 +225,10 @@ class WorkerPool:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
+
+
+# The kernel compiles of codegen, staged and unrolled ($SPARSECNN_COMPILE_WORKERS workers in all).
+COMPILE_POOL = SharedProcessPool(lambda: settings.compile_workers())
 
 
 def _shut_down_all() -> None:

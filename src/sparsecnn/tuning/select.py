@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import inspect
 import logging
 import math
 import time
@@ -27,6 +28,9 @@ DEFAULT_DROP_RATIO = 10.0
 # A probe ranks configs well enough to keep the winner among the first few, and full benchmarks
 # were most of a model's tuning time once kernels are compiled.
 DEFAULT_MEASURE_TOP = 4
+# A benchmarked candidate whose first repeats (`timing.CHECK_REPS`) take over this many times the
+# fastest full benchmark so far is not repeated further: the choice only needs to know it is slower.
+SLOWER_MARGIN = 1.25
 # First calls run this many at a time on CUDA: they compile kernels, and Triton's compiler and
 # ptxas release the GIL, so compiling a layer's configs in threads overlaps them.
 _FIRST_CALL_THREADS = 8
@@ -128,19 +132,21 @@ class MeasuringTimer:
     Eager runs add each call's CPU launch cost, which for a small layer can exceed its GPU time.
     The budget is small (a model has ~20 candidates x 50 layers; each full benchmark costs about
     warmup_ms + rep_ms plus the L2 flushes): 50 repeats give a median stable to a few percent,
-    enough to rank candidates."""
+    enough to rank candidates. The warm-up is short: a candidate is benchmarked after its first call
+    and probe, among other layers' work that keeps the GPU's clocks up. `measure` stops after
+    `timing.CHECK_REPS` repeats whose median is over `slower_than_ms`."""
 
     device: torch.device
-    warmup_ms: float = 5.0
+    warmup_ms: float = 1.0
     rep_ms: float = 25.0
     max_rep: int = 50
 
     def probe(self, candidate: Candidate, fn: Callable[[], object]) -> float:
         return time_one_call(fn, self.device, hide_launch=True)
 
-    def measure(self, candidate: Candidate, fn: Callable[[], object]) -> float:
-        return benchmark(fn, self.device, self.warmup_ms, self.rep_ms, max_rep=self.max_rep,
-                         hide_launch=True)["median_ms"]
+    def measure(self, candidate: Candidate, fn: Callable[[], object], slower_than_ms: float = math.inf) -> float:
+        return benchmark(fn, self.device, self.warmup_ms, self.rep_ms, max_rep=self.max_rep, hide_launch=True,
+                         stop_above_ms=None if math.isinf(slower_than_ms) else slower_than_ms)["median_ms"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +169,9 @@ class EagerTimer:
 
 @dataclasses.dataclass
 class Selection:
-    """best: the fastest candidate; times_ms: median ms of each fully benchmarked candidate;
-    dropped: why each other candidate was left out (label -> reason)."""
+    """best: the fastest candidate; times_ms: median ms of each benchmarked candidate (of its first
+    repeats alone where those were over SLOWER_MARGIN x the fastest); dropped: why each other
+    candidate was left out (label -> reason)."""
 
     best: Candidate
     times_ms: Dict[str, float]
@@ -283,8 +290,9 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     Each is first run once untimed (all first calls before any timing, several at a time on CUDA,
     as they compile, each output checked against the fp64 one), then once timed (`timer.probe`); one
     that raises, errs by more than `_drop_inaccurate` allows, or whose one run is over `drop_ratio`
-    x the fastest one run, is dropped. Fully benchmarked (`timer.measure`): the dense
-    candidates (always the `dense` baseline) and the `measure_top` fastest others by their probe.
+    x the fastest one run, is dropped. Benchmarked (`timer.measure`), fastest probe first: the dense
+    candidates (always the `dense` baseline, in full) and the `measure_top` fastest others by their
+    probe; each may stop early once clearly slower than the fastest so far (`SLOWER_MARGIN`).
     relu / residual (None or the output's shape): the fused epilogue every candidate computes.
     clock: gets the wall seconds of each stage ("bind <backend>": packing the weight and binding,
     which includes waiting for prefetched work; "first calls": the compiles; "probes";
@@ -316,10 +324,11 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
             except Exception as error:  # noqa: BLE001
                 dropped[candidate.label()] = _error_text(error)
     times: Dict[str, float] = {}
-    with clock.phase("benchmarks"):
-        for candidate in _to_measure(probes, drop_ratio, measure_top, dropped):
+    with clock.phase("benchmarks"):  # fastest probe first, so that the others can stop early
+        for candidate in sorted(_to_measure(probes, drop_ratio, measure_top, dropped), key=probes.__getitem__):
+            bound = math.inf if candidate.backend == BASELINE or not times else SLOWER_MARGIN * min(times.values())
             try:
-                times[candidate.label()] = timer.measure(candidate, runners[candidate])
+                times[candidate.label()] = _measure(timer, candidate, runners[candidate], bound)
             except Exception as error:  # noqa: BLE001
                 dropped[candidate.label()] = _error_text(error)
     by_label = {candidate.label(): candidate for candidate in candidates}
@@ -327,6 +336,14 @@ def pick_fastest(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
         raise RuntimeError(f"no candidate ran for {spec}: " + "; ".join(f"{k}: {v}" for k, v in dropped.items()))
     best = min(times, key=times.get)
     return Selection(by_label[best], times, dropped)
+
+
+def _measure(timer: Timer, candidate: Candidate, fn: Callable[[], object], slower_than_ms: float) -> float:
+    """timer.measure, told when it may stop early (`slower_than_ms`; the baseline never) where its
+    `measure` takes that argument (`MeasuringTimer`)."""
+    if math.isinf(slower_than_ms) or "slower_than_ms" not in inspect.signature(timer.measure).parameters:
+        return timer.measure(candidate, fn)
+    return timer.measure(candidate, fn, slower_than_ms=slower_than_ms)
 
 
 def prefetch_candidates(spec: ConvSpec, weight: torch.Tensor, policy: PrecisionPolicy, device_type: str,

@@ -10,6 +10,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H200: 60 MB)
+# With `stop_above_ms`, the repeats after which `benchmark` looks at the median once.
+CHECK_REPS = 10
 
 
 def _quantiles(times_ms: List[float]) -> Dict[str, float]:
@@ -49,8 +51,16 @@ def _launch_cover(fn: Callable[[], object], device: torch.device) -> Callable[[]
     return lambda: torch.cuda._sleep(cycles)
 
 
+def _checked_reps(time_reps: Callable[[int], List[float]], reps: int, stop_above_ms: Optional[float]) -> List[float]:
+    """`time_reps(reps)`, or the first CHECK_REPS alone when their median is over `stop_above_ms`."""
+    if stop_above_ms is None or reps <= CHECK_REPS:
+        return time_reps(reps)
+    first = time_reps(CHECK_REPS)
+    return first if statistics.median(first) > stop_above_ms else first + time_reps(reps - CHECK_REPS)
+
+
 def _time_cuda(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float, min_rep: int,
-               max_rep: int, flush_l2: bool, hide_launch: bool) -> List[float]:
+               max_rep: int, flush_l2: bool, hide_launch: bool, stop_above_ms: Optional[float]) -> List[float]:
     flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device=device) if flush_l2 else None
     fn()
     torch.cuda.synchronize()
@@ -64,7 +74,8 @@ def _time_cuda(fn: Callable[[], object], device: torch.device, warmup_ms: float,
     for _ in range(max(1, int(warmup_ms / per_call))):
         fn()
     cover = _launch_cover(fn, device) if hide_launch else None
-    return _event_times(fn, max(min_rep, min(max_rep, int(rep_ms / per_call))), flush, cover)
+    return _checked_reps(lambda reps: _event_times(fn, reps, flush, cover),
+                         max(min_rep, min(max_rep, int(rep_ms / per_call))), stop_above_ms)
 
 
 def _event_times(fn: Callable[[], object], reps: int, flush: Optional[torch.Tensor],
@@ -85,38 +96,47 @@ def _event_times(fn: Callable[[], object], reps: int, flush: Optional[torch.Tens
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def _time_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep: int,
-              max_rep: int) -> List[float]:
-    fn()
-    start = time.perf_counter()
-    fn()
-    per_call = max((time.perf_counter() - start) * 1e3, 1e-3)
-    for _ in range(min(10, int(warmup_ms / per_call))):
-        fn()
+def _wall_times(fn: Callable[[], object], reps: int) -> List[float]:
     times = []
-    for _ in range(max(min_rep, min(max_rep, int(rep_ms / per_call)))):
+    for _ in range(reps):
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return times
 
 
+def _time_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_rep: int,
+              max_rep: int, stop_above_ms: Optional[float]) -> List[float]:
+    fn()
+    start = time.perf_counter()
+    fn()
+    per_call = max((time.perf_counter() - start) * 1e3, 1e-3)
+    for _ in range(min(10, int(warmup_ms / per_call))):
+        fn()
+    return _checked_reps(lambda reps: _wall_times(fn, reps), max(min_rep, min(max_rep, int(rep_ms / per_call))),
+                         stop_above_ms)
+
+
 def benchmark(fn: Callable[[], object], device: torch.device | str, warmup_ms: float = 25.0,
               rep_ms: float = 100.0, min_rep: int = 5, flush_l2: bool = True,
-              max_rep: Optional[int] = None, hide_launch: bool = False) -> Dict[str, float]:
+              max_rep: Optional[int] = None, hide_launch: bool = False,
+              stop_above_ms: Optional[float] = None) -> Dict[str, float]:
     """Time `fn()` on `device`; returns {"median_ms", "p20_ms", "p80_ms"} in milliseconds.
 
     Repeats: as many as fit in `rep_ms`, at least `min_rep`, at most `max_rep` (None: no cap on
     CUDA, 200 on CPU). On CUDA each repeat is bracketed by CUDA events and preceded by a write of
     256 MB, so no repeat finds its data in L2. hide_launch (CUDA): the GPU is kept busy while `fn`
     is enqueued, so the time is its GPU work alone, as under CUDA graphs, without the CPU's launch
-    overhead (which eager runs pay). On CPU, wall-clock time per call.
+    overhead (which eager runs pay). On CPU, wall-clock time per call. stop_above_ms: after the first
+    CHECK_REPS repeats, stop when their median is over it (a tuner that only needs to know `fn` is
+    slower than its fastest candidate); the quantiles are then those repeats'.
     """
     device = torch.device(device)
     if device.type == "cuda":
         cap = sys.maxsize if max_rep is None else max_rep
-        return _quantiles(_time_cuda(fn, device, warmup_ms, rep_ms, min_rep, cap, flush_l2, hide_launch))
-    return _quantiles(_time_cpu(fn, warmup_ms, rep_ms, min_rep, 200 if max_rep is None else max_rep))
+        return _quantiles(_time_cuda(fn, device, warmup_ms, rep_ms, min_rep, cap, flush_l2, hide_launch,
+                                     stop_above_ms))
+    return _quantiles(_time_cpu(fn, warmup_ms, rep_ms, min_rep, 200 if max_rep is None else max_rep, stop_above_ms))
 
 
 def _eager_group_ms(fn: Callable[[], object], device: torch.device, calls: int, repeats: int) -> List[float]:

@@ -9,7 +9,7 @@ compiled kernels by a handle (see core/op_support.py).
 
 Compiling a layer is slow (nvcc, then ptxas), so `backend="auto"` tries only the default
 config, in emit mode (`auto_configs`), and `prefetch` compiles it in worker processes
-(`workers.WorkerPool`, at most $SPARSECNN_CODEGEN_WORKERS) while earlier layers are timed; `bind`
+(`workers.WorkerPool`, at most $SPARSECNN_COMPILE_WORKERS) while earlier layers are timed; `bind`
 then takes the result.
 Importing this module imports neither cuda-python nor CuPy and does not touch CUDA.
 """
@@ -35,7 +35,7 @@ from sparsecnn.core.registry import (
     register_backend,
 )
 from sparsecnn.core.spec import ConvSpec
-from sparsecnn.core.workers import NOTHING, WorkerPool
+from sparsecnn.core.workers import COMPILE_POOL, NOTHING, WorkerPool
 
 # K*C*R*S beyond this unrolls into so many kernels (each <= DEFAULT_MAX_KERNEL_FMAS template FMAs,
 # nvcc per template plus ptxas per slice) that compiling one layer takes minutes.
@@ -51,7 +51,7 @@ _LOG = logging.getLogger("sparsecnn.backends.codegen.backend")
 
 
 def _new_workers(**kwargs) -> WorkerPool:
-    return WorkerPool("codegen compile", settings.codegen_workers, _LOG, **kwargs)
+    return WorkerPool("codegen compile", settings.compile_workers, _LOG, **{"new_pool": COMPILE_POOL, **kwargs})
 
 
 _WORKERS = _new_workers()

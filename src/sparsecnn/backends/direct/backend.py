@@ -5,7 +5,7 @@ in its CPU interpreter (TRITON_INTERPRET=1). So it is imported on first use (pre
 configs), never by `import sparsecnn`, and nothing here touches CUDA. CPU (fp32) is offered only
 while TRITON_INTERPRET=1 is set; set it before the first use of this backend. `bind` hands the
 packed weight's tensors to the op `sparsecnn::direct_conv2d`, whose epilogue fuses bias, residual
-and ReLU.
+and ReLU. `prefetch` compiles the kernels tuning will launch in worker processes (`compile_ahead`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from sparsecnn.backends.direct import op
+from sparsecnn.backends.direct import compile_ahead, op
 from sparsecnn.backends.direct.format import (
     ChunkedCSRWeight,
     OffsetCSRWeight,
@@ -47,6 +47,7 @@ def _bind(packed, spec: ConvSpec, config: Any, dtype: torch.dtype, has_bias: boo
     kernels = _kernels()
     if config is None:
         config = kernels.default_config(spec, dtype, kernels.variant_of(packed))
+    compile_ahead.settle(spec, config, dtype, has_bias)
     config = kernels.for_batch(config, spec.N)
     kernels.check_weight_variant(packed, config)
     return KernelCall(torch.ops.sparsecnn.direct_conv2d.default,
@@ -58,5 +59,6 @@ DIRECT = register_triton_backend(
     "direct",
     "direct sparse convolution (UnSparse-Opt): chunked CSR, uniform-ELL or CSR weights with precomputed input "
     "offsets, Triton",
-    _kernels, "DirectConfig", _prepare, _bind, auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype),
+    _kernels, "DirectConfig", _prepare, _bind, prefetch=compile_ahead.prefetch,
+    auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype),
     batch_inner=lambda config: getattr(config, "variant", None) == "batch")

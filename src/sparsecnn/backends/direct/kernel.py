@@ -656,22 +656,18 @@ def _launch(xp: torch.Tensor, arrays: WeightArrays, epilogue: Tuple[Optional[tor
 
     epilogue: (bias (K,), residual (N, K, P, Q)), each contiguous or None.
     """
-    n, c, hp, wp = xp.shape
-    pq = spec.P * spec.Q
     values, offsets, row_ptr, row_order, _ = arrays
     bias, residual = epilogue
-    flags = dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu)
     # Absent operands pass `out`: a valid pointer the kernel never reads.
     operands = (bias if bias is not None else out, residual if residual is not None else out, out)
-    geometry = (n, spec.K, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq)
     if config.variant == "chunk":
-        grid = (spec.K * triton.cdiv(pq, config.block_pix) * triton.cdiv(n, config.sub_batch),)
-        launch(
-            _direct_chunk_kernel, grid, (xp, _nonempty(values), _nonempty(offsets), row_ptr, *operands, *geometry),
-            **flags, BLOCK_PIX=config.block_pix, SUB_BATCH=config.sub_batch, CHUNK=config.chunk,
-            num_warps=config.num_warps, num_stages=config.num_stages,
-        )
+        grid, args, meta = chunk_launch((xp, _nonempty(values), _nonempty(offsets), row_ptr, *operands), xp.shape,
+                                        spec, config, bias is not None, residual is not None, relu)
+        launch(_direct_chunk_kernel, grid, args, **meta)
         return
+    n, c, hp, wp = xp.shape
+    pq = spec.P * spec.Q
+    geometry = (n, spec.K, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq)
     csr = config.variant == "csr"
     if csr:
         ell = (0, 0, 0)
@@ -683,7 +679,27 @@ def _launch(xp: torch.Tensor, arrays: WeightArrays, epilogue: Tuple[Optional[tor
     launch(
         _direct_conv_kernel, grid,
         (xp, _nonempty(values), _nonempty(offsets), row_ptr, row_order, *operands, *geometry, *ell),
-        CSR=csr, EVEN_K=spec.K % config.block_k == 0, **flags,
+        CSR=csr, EVEN_K=spec.K % config.block_k == 0, HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None, RELU=relu,
         BLOCK_PIX=config.block_pix, BLOCK_K=config.block_k, SUB_BATCH=config.sub_batch,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+
+
+def chunk_launch(operands: tuple, padded_shape, spec: ConvSpec, config: DirectConfig, has_bias: bool,
+                 has_residual: bool, relu: bool) -> Tuple[tuple, tuple, dict]:
+    """(grid, args, meta) of `_direct_chunk_kernel` (variant "chunk") on a padded NCHW input of
+    `padded_shape` (N, C, Hp, Wp).
+
+    operands: (xp, values, offsets, row_ptr, bias, residual, out), bias and residual standing in
+    as `out` when absent; tensors, or their dtypes for a compile without launch
+    (`compile_ahead`). `_launch` launches with these and `compile_ahead` compiles with them, so both
+    reach the same compiled kernel."""
+    n, c, hp, wp = padded_shape
+    pq = spec.P * spec.Q
+    geometry = (n, spec.K, pq, spec.Q, spec.stride[0] * wp, spec.stride[1], c * hp * wp, spec.K * pq)
+    grid = (spec.K * triton.cdiv(pq, config.block_pix) * triton.cdiv(n, config.sub_batch),)
+    meta = dict(HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual, RELU=relu, BLOCK_PIX=config.block_pix,
+                SUB_BATCH=config.sub_batch, CHUNK=config.chunk, num_warps=config.num_warps,
+                num_stages=config.num_stages)
+    return grid, (*operands, *geometry), meta

@@ -42,6 +42,8 @@ SM share pixel tiles (per-SM queues via %smid) was mostly slower than this grid.
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
 import triton
 import triton.language as tl
@@ -119,15 +121,28 @@ def launch_batch(xp: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, 
     `masked_codes` for (H, W) and this padding. residual: None or a tensor with out's strides;
     bias: (K,) contiguous or None. The caller has checked shapes, dtypes and that N % block_n == 0.
     """
-    _, hp, wp, n = xp.shape
-    _, k, p, q = out.shape
-    pq = p * q
-    stride_n, stride_k, _, stride_pix = out.stride()
-    grid = (k * triton.cdiv(pq, block_pix) * (n // block_n),)
-    launch(
-        _direct_batch_kernel, grid,
-        (xp, values, offsets, row_ptr, bias if bias is not None else out, residual if residual is not None else out,
-         out, n, k, pq, q, stride[0] * wp, stride[1], stride_n, stride_k, stride_pix, hp, wp, stride[0], *padding),
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, RELU=relu, MASKED=tuple(padding) != (0, 0),
-        BLOCK_PIX=block_pix, BLOCK_N=block_n, CHUNK=chunk, num_warps=num_warps, num_stages=1,
-    )
+    operands = (xp, values, offsets, row_ptr, bias if bias is not None else out,
+                residual if residual is not None else out, out)
+    grid, args, meta = batch_launch(operands, xp.shape, out.shape, out.stride(), stride, padding, bias is not None,
+                                    residual is not None, relu, (block_pix, block_n, chunk, num_warps))
+    launch(_direct_batch_kernel, grid, args, **meta)
+
+
+def batch_launch(operands: tuple, input_shape, out_shape, out_strides, stride, padding, has_bias: bool,
+                 has_residual: bool, relu: bool, tile: tuple) -> Tuple[tuple, tuple, dict]:
+    """(grid, args, meta) of `_direct_batch_kernel` on the (C, Hp, Wp, N) input of `input_shape`,
+    writing an output of `out_shape` (N, K, P, Q) at `out_strides`; padding as in `launch_batch`.
+
+    operands: (xp, values, offsets, row_ptr, bias, residual, out), bias and residual standing in
+    as `out` when absent; tensors, or their dtypes for a compile without launch (`compile_ahead`).
+    tile: (block_pix, block_n, chunk, num_warps)."""
+    _, hp, wp, n = input_shape
+    _, k, p, q = out_shape
+    stride_n, stride_k, _, stride_pix = out_strides
+    block_pix, block_n, chunk, num_warps = tile
+    grid = (k * triton.cdiv(p * q, block_pix) * (n // block_n),)
+    args = (*operands, n, k, p * q, q, stride[0] * wp, stride[1], stride_n, stride_k, stride_pix, hp, wp, stride[0],
+            *padding)
+    meta = dict(HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual, RELU=relu, MASKED=tuple(padding) != (0, 0),
+                BLOCK_PIX=block_pix, BLOCK_N=block_n, CHUNK=chunk, num_warps=num_warps, num_stages=1)
+    return grid, args, meta

@@ -8,7 +8,7 @@ fuses bias, residual and ReLU; `bind_pooled` one that also fuses a 2x2 stride-2 
 
 A kernel is compiled on its first call (nvcc and ptxas, about 1 s; ResNet-50 at N=32 has 26
 geometry x config kernels). `prefetch` compiles them ahead of tuning in worker processes
-($SPARSECNN_CODEGEN_WORKERS), into the disk cache where the first call finds them; `bind` takes
+($SPARSECNN_COMPILE_WORKERS), into the disk cache where the first call finds them; `bind` takes
 the job (its times go to the report), and a job that failed only means compiling on the first call.
 `auto` tries it only under exact fp32: where cuDNN runs TF32 (PyTorch's default for fp32) it won
 no layer in any measured tuning (RESULTS.md, "Cold tuning time"), while its compiles took a share of
@@ -28,10 +28,10 @@ from sparsecnn.core.pool_args import PoolArgs
 from sparsecnn.core.registry import Backend, KernelCall, register_backend
 from sparsecnn.core.spec import ConvSpec
 from sparsecnn.core.triton_backend import gather_spec_check
-from sparsecnn.core.workers import WorkerPool
+from sparsecnn.core.workers import COMPILE_POOL, WorkerPool
 
 _LOG = logging.getLogger("sparsecnn.backends.staged")
-_WORKERS = WorkerPool("staged compile", settings.codegen_workers, _LOG)
+_WORKERS = WorkerPool("staged compile", settings.compile_workers, _LOG, COMPILE_POOL)
 
 
 def _kernels():

@@ -5,6 +5,7 @@ order (`format.pack_units`: by the units they keep, or by index); bind hands its
 `sparsecnn::tensorcore_conv2d`, whose epilogue fuses bias, residual and ReLU. Inputs and outputs
 are channels_last. The kernel module imports triton, so it is imported on first use (configs,
 bind), never by `import sparsecnn`; CPU (fp32) runs only while TRITON_INTERPRET=1 is set.
+`prefetch` compiles the kernels tuning will launch in worker processes (`compile_ahead`).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from sparsecnn.backends.tensorcore import op
+from sparsecnn.backends.tensorcore import compile_ahead, op
 from sparsecnn.backends.tensorcore.format import UnitWeights, pack_shortcut_units, pack_units
 from sparsecnn.core.op_support import config_json
 from sparsecnn.core.registry import KernelCall
@@ -39,6 +40,7 @@ def _bind(packed: UnitWeights, spec: ConvSpec, config: Any, dtype: torch.dtype, 
     for the packing the weight has)."""
     if config is None:
         config = _kernels().TensorCoreConfig(group=packed.group, chunk=packed.chunk, order=packed.order)
+    compile_ahead.settle(spec, config, dtype, has_bias)
     if config.packing != (packed.group, packed.chunk, packed.order):
         raise ValueError(f"config packing (group, chunk, order) = {config.packing} differs from the weight's "
                          f"{(packed.group, packed.chunk, packed.order)}; prepare the weight for this config")
@@ -78,7 +80,7 @@ TENSORCORE = register_triton_backend(
     "tensorcore",
     "implicit GEMM on tensor cores over each output-channel group's kept units (runs of input channels at one "
     "tap), NHWC, Triton",
-    _kernels, "TensorCoreConfig", _prepare, _bind,
+    _kernels, "TensorCoreConfig", _prepare, _bind, prefetch=compile_ahead.prefetch,
     auto_configs=lambda spec, dtype: _kernels().auto_configs(spec, dtype),
     weight_configs=lambda weight, configs: _kernels().least_work_configs(weight, configs), channels_last=True,
     prepare_shortcut=_prepare_shortcut, bind_shortcut=_bind_shortcut)

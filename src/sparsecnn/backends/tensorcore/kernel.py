@@ -175,13 +175,23 @@ def _row_align(channels: int, chunk: int) -> int:
     return min(16, math.gcd(channels, chunk) & -math.gcd(channels, chunk))
 
 
+def launch_precision(dtype: torch.dtype, config: TensorCoreConfig) -> str:
+    """The kernel's PRECISION: the config's ("ieee", "tf32" or "tf32x3") for fp32 inputs, else "ieee"."""
+    return config.precision if dtype == torch.float32 else "ieee"
+
+
 def dependent_launch(x: torch.Tensor) -> bool:
     """Whether the kernels launch with programmatic dependent launch (PDL) for input `x`: on a GPU
     of compute capability 9.0 or newer, unless `settings.pdl()` is off. The launch then lets a
     layer's programs start while the kernel before it drains: they load their unit lists, channel
     map and bias, and wait (griddepcontrol.wait) before reading x or the residual, which that
     kernel may write; their stores come after the wait."""
-    return x.is_cuda and settings.pdl() and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    return x.is_cuda and dependent_launch_on(x.device)
+
+
+def dependent_launch_on(cuda_device: torch.device) -> bool:
+    """`dependent_launch` for an input on `cuda_device` (a CUDA device)."""
+    return settings.pdl() and torch.cuda.get_device_capability(cuda_device) >= (9, 0)
 
 
 def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: TensorCoreConfig,
@@ -204,18 +214,15 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
     if x.shape[1] != packed.kernel_shape[1]:
         raise ValueError(f"x has {x.shape[1]} channels, the weight expects {packed.kernel_shape[1]}")
     x = x.contiguous(memory_format=torch.channels_last)
-    N, C, H, W = x.shape
-    K = packed.kernel_shape[0]
     shape = output_shape(x, packed.kernel_shape, stride, padding)
     check_residual(residual, shape, x)
     y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     if residual is not None:
         residual = residual.contiguous(memory_format=torch.channels_last)
-    M = N * shape[2] * shape[3]
     shortcut = _checked_shortcut(shortcut, shortcut_stride, packed, x, shape)
-    if M == 0:
+    if y.numel() == 0:
         return y
-    precision = config.precision if x.dtype == torch.float32 else "ieee"
+    precision = launch_precision(x.dtype, config)
     pdl = dependent_launch(x)
     if shortcut is None and config.loads == "tma" and tma_eligible(x, residual, packed.kernel_shape, stride,
                                                                    packed.chunk, packed.group, packed.permuted):
@@ -223,21 +230,42 @@ def unit_conv(x: torch.Tensor, packed: UnitWeights, stride, padding, config: Ten
                              packed.kernel_shape, padding, y, packed.group, packed.chunk, config.block_m,
                              config.num_warps, config.num_stages, precision, packed.max_units, bias, residual, relu,
                              pdl)
-    grid = (triton.cdiv(M, config.block_m) * packed.num_groups,)
-    _unit_conv_kernel[grid](
-        x, packed.values, packed.unit_code, packed.unit_code.shape[1], packed.group_start, packed.out_channel,
-        bias if bias is not None else y, residual if residual is not None else y, y,
-        M, H, W, C, shape[2], shape[3], K, packed.kernel_shape[3], stride[0], stride[1], padding[0], padding[1],
-        packed.num_groups,
-        *_shortcut_args(shortcut, shortcut_stride, packed, x),
-        BLOCK_M=config.block_m, GROUP=config.group, CHUNK=config.chunk, ROW_ALIGN=_row_align(C, config.chunk),
-        EVEN_C=C % config.chunk == 0, PERMUTED=packed.permuted, HAS_BIAS=bias is not None,
-        HAS_RESIDUAL=residual is not None, RELU=relu, PRECISION=precision, SLOTS=unit_slots(packed.max_units),
-        UNROLL=config.unroll, USE_GDC=pdl, SHORTCUT=shortcut is not None,
-        ROW_ALIGN2=_row_align(packed.shortcut_channels or 16, config.chunk),
-        EVEN_C2=packed.shortcut_channels % config.chunk == 0, launch_pdl=pdl, num_warps=config.num_warps,
-        num_stages=config.num_stages)
+    operands = (x, packed.values, packed.unit_code, packed.group_start, packed.out_channel,
+                bias if bias is not None else y, residual if residual is not None else y, y)
+    grid, args, meta = pointer_launch(operands, x.shape, shape[2:], packed, stride, padding, config, precision,
+                                      (bias is not None, residual is not None, relu), pdl,
+                                      _shortcut_args(shortcut, shortcut_stride, packed))
+    _unit_conv_kernel[grid](*args, **meta)
     return y
+
+
+def pointer_launch(operands: tuple, x_shape, out_hw, packed: UnitWeights, stride, padding, config: TensorCoreConfig,
+                   precision: str, epilogue: Tuple[bool, bool, bool], pdl: bool,
+                   shortcut: Optional[tuple] = None) -> Tuple[tuple, tuple, dict]:
+    """(grid, args, meta) of `_unit_conv_kernel` for input shape (N, C, H, W) and output (P, Q).
+
+    operands: (x, values, unit_code, group_start, out_channel, bias, residual, y), bias and
+    residual standing in as y when absent; tensors, or their dtypes for a compile without launch
+    (`compile_ahead`). epilogue: (has_bias, has_residual, relu). shortcut: `_shortcut_args`' (x2,
+    group_split, H2, W2, C2, stride2_h, stride2_w), or None. `unit_conv` launches with these and
+    `compile_ahead` compiles with them, so both reach the same compiled kernel."""
+    N, C, H, W = x_shape
+    P, Q = out_hw
+    M = N * P * Q
+    has_bias, has_residual, relu = epilogue
+    x, values, unit_code, group_start, out_channel, bias, residual, y = operands
+    stand_ins = (x, group_start, 1, 1, 1, 1, 1)  # never read; ints of 1 Triton specializes: no extra compile
+    args = (x, values, unit_code, packed.unit_code.shape[1], group_start, out_channel, bias, residual, y,
+            M, H, W, C, P, Q, packed.kernel_shape[0], packed.kernel_shape[3], stride[0], stride[1], padding[0],
+            padding[1], packed.num_groups, *(shortcut or stand_ins))
+    meta = dict(BLOCK_M=config.block_m, GROUP=config.group, CHUNK=config.chunk, ROW_ALIGN=_row_align(C, config.chunk),
+                EVEN_C=C % config.chunk == 0, PERMUTED=packed.permuted, HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual,
+                RELU=relu, PRECISION=precision, SLOTS=unit_slots(packed.max_units), UNROLL=config.unroll,
+                USE_GDC=pdl, SHORTCUT=shortcut is not None,
+                ROW_ALIGN2=_row_align(packed.shortcut_channels or 16, config.chunk),
+                EVEN_C2=packed.shortcut_channels % config.chunk == 0, launch_pdl=pdl, num_warps=config.num_warps,
+                num_stages=config.num_stages)
+    return (triton.cdiv(M, config.block_m) * packed.num_groups,), args, meta
 
 
 def _checked_shortcut(shortcut: Optional[torch.Tensor], stride, packed: UnitWeights, x: torch.Tensor,
@@ -260,11 +288,10 @@ def _checked_shortcut(shortcut: Optional[torch.Tensor], stride, packed: UnitWeig
     return shortcut.contiguous(memory_format=torch.channels_last)
 
 
-def _shortcut_args(shortcut: Optional[torch.Tensor], stride, packed: UnitWeights, x: torch.Tensor) -> tuple:
-    """The kernel's (x2, group_split, H2, W2, C2, stride2_h, stride2_w); without a shortcut, stand-ins
-    the kernel never reads (ints of 1, which Triton specializes as constants: no extra compile)."""
+def _shortcut_args(shortcut: Optional[torch.Tensor], stride, packed: UnitWeights) -> Optional[tuple]:
+    """The kernel's (x2, group_split, H2, W2, C2, stride2_h, stride2_w), or None without a shortcut."""
     if shortcut is None:
-        return x, packed.group_start, 1, 1, 1, 1, 1
+        return None
     _, C2, H2, W2 = shortcut.shape
     return shortcut, packed.group_split, H2, W2, C2, stride[0], stride[1]
 

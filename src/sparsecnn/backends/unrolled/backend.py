@@ -5,7 +5,7 @@ fp16 CUDA, fp16 as packed pairs over two images with partial sums flushed to fp3
 Each layer and input shape is compiled on its first `bind` (through the codegen disk cache, so a
 layer compiled before costs a file read), or taken from a worker process that `prefetch` set
 compiling while earlier layers were timed (`workers.WorkerPool`, at most
-$SPARSECNN_UNROLLED_WORKERS). A compile's ptxas time grows with the non-zeros (the kernel takes
+$SPARSECNN_COMPILE_WORKERS). A compile's ptxas time grows with the non-zeros (the kernel takes
 at most `unrolled.max_kernel_fmas()`), so `auto` tries one config per layer (`unrolled.auto_config`)
 and only on outputs of at most 28x28 (`_auto_configs`): larger feature maps were not measured to
 gain (a 56x56 1x1 layer ran slower than `direct` "batch"); in fp16 `auto` tries none (timed no faster than
@@ -28,12 +28,12 @@ from sparsecnn.backends.unrolled import op
 from sparsecnn.core.op_support import config_json, generated_machine_check, register_codegen
 from sparsecnn.core.registry import Backend, KernelCall, register_backend
 from sparsecnn.core.spec import ConvSpec
-from sparsecnn.core.workers import NOTHING, WorkerPool
+from sparsecnn.core.workers import COMPILE_POOL, NOTHING, WorkerPool
 
 AUTO_MAX_OUTPUT_PIXELS = 28 * 28
 AUTO_MIN_POSITIONS = 7 * 7 * 32   # output pixels x images: fewer leave most of the GPU idle
 _LOG = logging.getLogger("sparsecnn.backends.unrolled.backend")
-_WORKERS = WorkerPool("unrolled compile", settings.unrolled_workers, _LOG)
+_WORKERS = WorkerPool("unrolled compile", settings.compile_workers, _LOG, COMPILE_POOL)
 
 
 def _kernels():
